@@ -1,0 +1,49 @@
+"""vecinterp: mechanistic interpretability for transformers on real vectors.
+
+Axis names, used verbatim in every shape annotation:
+
+=============  ===================================================
+``batch``      independent sequences
+``pos``        positions (``dest_pos``/``src_pos`` in attention)
+``d_in``       input vector size
+``d_out``      output vector size
+``d_model``    residual stream width
+``n_heads``    heads per layer
+``d_head``     width of one head
+``d_mlp``      MLP hidden width
+``n_layers``   blocks
+``component``  a stack of residual-stream contributions
+=============  ===================================================
+
+Vectors are rows and weights multiply on the right: ``resid @ W_Q``.
+"""
+
+from .cache import ActivationCache, act_name
+from .hooks import HookHandle, HookPoint
+from .loss import masked_mse
+from .model import HookedVectorTransformer, VectorTransformerConfig
+from .model.io import load, save
+from .model.processing import (
+    center_writing_weights,
+    fold_layer_norm,
+    fold_value_biases,
+    process_weights,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActivationCache",
+    "HookHandle",
+    "HookPoint",
+    "HookedVectorTransformer",
+    "VectorTransformerConfig",
+    "act_name",
+    "center_writing_weights",
+    "fold_layer_norm",
+    "fold_value_biases",
+    "load",
+    "masked_mse",
+    "process_weights",
+    "save",
+]

@@ -1,0 +1,1 @@
+"""Analysis: circuits, attribution, ablation, patching, detectors, geometry."""

@@ -1,0 +1,148 @@
+"""Hook management for a module tree that contains :class:`HookPoint` s."""
+
+import contextlib
+import difflib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch import nn
+
+from .hook_point import HookFn, HookHandle, HookPoint
+
+NameFilter = str | Sequence[str] | Callable[[str], bool] | None
+"""Which hooks to select: one name, a list of names, a predicate on names, or ``None``
+for all of them."""
+
+HookSpec = tuple[str | Callable[[str], bool], HookFn]
+"""``(name_or_predicate, fn)``: attach ``fn`` to one hook point or to every hook point
+whose name the predicate accepts."""
+
+
+class HookedModule(nn.Module):
+    """Base class: names every :class:`HookPoint` below it and manages their hooks.
+
+    Subclasses call :meth:`setup_hooks` at the end of ``__init__``.
+    """
+
+    hook_dict: dict[str, HookPoint]
+
+    def setup_hooks(self) -> None:
+        """Record every hook point by its module path; call once after building."""
+        self.hook_dict = {}
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+                self.hook_dict[name] = module
+
+    # -- looking hook points up -------------------------------------------------------
+    def hook_point(self, name: str) -> HookPoint:
+        """The hook point called ``name``; an unknown name lists the close matches."""
+        try:
+            return self.hook_dict[name]
+        except (KeyError, TypeError):
+            raise ValueError(_unknown_name_message(name, list(self.hook_dict))) from None
+
+    def hook_names(self, names_filter: NameFilter = None) -> list[str]:
+        """The names ``names_filter`` selects, in forward order.
+
+        Args:
+            names_filter: ``None`` (all), a name, a list of names, or a predicate.
+        """
+        if names_filter is None:
+            return list(self.hook_dict)
+        if isinstance(names_filter, str):
+            self.hook_point(names_filter)
+            return [names_filter]
+        if callable(names_filter):
+            return [name for name in self.hook_dict if names_filter(name)]
+        if isinstance(names_filter, Sequence):
+            names = list(names_filter)
+            for name in names:
+                if not isinstance(name, str):
+                    raise TypeError(f"names_filter entries must be str, got {type(name).__name__}")
+                self.hook_point(name)
+            wanted = set(names)
+            return [name for name in self.hook_dict if name in wanted]
+        raise TypeError(
+            "names_filter must be None, a str, a list of str or a callable, got "
+            f"{type(names_filter).__name__}"
+        )
+
+    # -- adding and removing --------------------------------------------------------
+    def add_hook(
+        self,
+        name: str | Callable[[str], bool],
+        fn: HookFn,
+        dir: str = "fwd",
+        is_permanent: bool = False,
+    ) -> list[HookHandle]:
+        """Attach ``fn`` to the hook point ``name`` (or every one a predicate accepts).
+
+        Returns the handles; ``handle.remove()`` detaches one. Hooks added here stay
+        until removed or :meth:`reset_hooks`; permanent ones survive ``reset_hooks()``.
+        """
+        names = self.hook_names(name) if callable(name) else [self.hook_point(name).name]
+        return [self.hook_dict[n].add_hook(fn, dir=dir, is_permanent=is_permanent) for n in names]
+
+    def reset_hooks(self, including_permanent: bool = False) -> None:
+        """Remove every hook (permanent ones too if ``including_permanent``)."""
+        for hp in self.hook_dict.values():
+            hp.remove_hooks("both", including_permanent=including_permanent)
+
+    @contextlib.contextmanager
+    def hooks(
+        self,
+        fwd_hooks: Sequence[HookSpec] = (),
+        bwd_hooks: Sequence[HookSpec] = (),
+    ) -> Iterator["HookedModule"]:
+        """Attach hooks for the duration of a ``with`` block.
+
+        Contexts nest; each removes exactly the hooks it added when it exits, also when
+        the block raises. Backward hooks attach to the tensors made inside the block,
+        so a ``backward()`` called after the block still reaches them.
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+            >>> zero = lambda act, hook: torch.zeros_like(act)
+            >>> with model.hooks(fwd_hooks=[("blocks.0.hook_attn_out", zero)]):
+            ...     y = model(torch.randn(2, 5, 3))
+        """
+        handles: list[HookHandle] = []
+        try:
+            for direction, specs in (("fwd", fwd_hooks), ("bwd", bwd_hooks)):
+                for spec in specs:
+                    if not isinstance(spec, tuple | list) or len(spec) != 2:
+                        raise TypeError(
+                            f"each {direction} hook must be a (name_or_filter, fn) pair, "
+                            f"got {spec!r}"
+                        )
+                    handles += self.add_hook(spec[0], spec[1], dir=direction)
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def run_with_hooks(
+        self,
+        *args: Any,
+        fwd_hooks: Sequence[HookSpec] = (),
+        bwd_hooks: Sequence[HookSpec] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Call the model with hooks attached for this call only.
+
+        ``bwd_hooks`` fire when the caller later back-propagates through the output.
+        """
+        with self.hooks(fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks):
+            return self(*args, **kwargs)
+
+
+def _unknown_name_message(name: object, known: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), known, n=5, cutoff=0.5)
+    if not close and isinstance(name, str):
+        tail = name.rsplit(".", 1)[-1]
+        close = [k for k in known if k.endswith(tail)][:5]
+    hint = f"; did you mean one of {close}?" if close else ""
+    return f"unknown hook name {name!r}{hint} (model.hook_dict lists all {len(known)} names)"

@@ -1,0 +1,57 @@
+"""The masked mean-squared error used by training and analysis."""
+
+import torch
+from jaxtyping import Bool, Float
+
+
+def masked_mse(
+    pred: Float[torch.Tensor, "batch pos d_out"],
+    target: Float[torch.Tensor, "batch pos d_out"],
+    loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    r"""Mean squared error over the positions ``loss_mask`` selects.
+
+    .. math::
+        \mathrm{MSE} = \frac{1}{|M|\, d_{out}} \sum_{(b,p) \in M} \lVert y_{bp} - t_{bp} \rVert^2
+
+    Args:
+        pred: model outputs ``[batch, pos, d_out]``.
+        target: targets of the same shape.
+        loss_mask: boolean ``[batch, pos]`` or ``[pos]``; ``None`` uses every position.
+        reduction: ``"mean"`` (a scalar), ``"none"`` (``[batch, pos]``, the per-position
+            mean over ``d_out``, zero where masked out) or ``"sum"``.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> y, t = torch.zeros(1, 3, 2), torch.ones(1, 3, 2)
+        >>> float(vi.masked_mse(y, t, torch.tensor([False, True, True])))
+        1.0
+    """
+    if pred.shape != target.shape:
+        raise ValueError(
+            f"pred {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape"
+        )
+    if reduction not in ("mean", "none", "sum"):
+        raise ValueError(f"reduction must be 'mean', 'none' or 'sum', got {reduction!r}")
+    per_pos = (pred - target).pow(2).mean(-1)
+    if loss_mask is None:
+        mask = torch.ones_like(per_pos, dtype=torch.bool)
+    else:
+        if loss_mask.dtype != torch.bool:
+            raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}")
+        if loss_mask.shape not in (per_pos.shape, per_pos.shape[1:]):
+            raise ValueError(
+                f"loss_mask must have shape [batch, pos]={tuple(per_pos.shape)} or "
+                f"[pos]={tuple(per_pos.shape[1:])}, got {tuple(loss_mask.shape)}"
+            )
+        mask = loss_mask.to(per_pos.device).expand_as(per_pos)
+    if reduction == "none":
+        return per_pos * mask
+    total = (per_pos * mask).sum()
+    if reduction == "sum":
+        return total
+    count = mask.sum()
+    if int(count) == 0:
+        raise ValueError("loss_mask selects no position")
+    return total / count

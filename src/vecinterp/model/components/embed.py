@@ -1,0 +1,26 @@
+"""Linear embedding of input vectors into the residual stream."""
+
+import torch
+from einops import einsum
+from jaxtyping import Float
+from torch import nn
+
+from ..config import VectorTransformerConfig
+
+
+class Embed(nn.Module):
+    """``x W_E (+ b_E)``: each ``d_in`` input vector becomes a ``d_model`` vector.
+
+    Parameters: ``W_E [d_in, d_model]`` and, with ``cfg.embed_bias``, ``b_E [d_model]``.
+    """
+
+    def __init__(self, cfg: VectorTransformerConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_in, cfg.d_model))
+        self.b_E = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.embed_bias else None
+
+    def forward(
+        self, x: Float[torch.Tensor, "batch pos d_in"]
+    ) -> Float[torch.Tensor, "batch pos d_model"]:
+        out = einsum(x, self.W_E, "batch pos d_in, d_in d_model -> batch pos d_model")
+        return out if self.b_E is None else out + self.b_E

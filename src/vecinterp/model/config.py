@@ -1,0 +1,151 @@
+"""The one configuration object of a :class:`~vecinterp.HookedVectorTransformer`."""
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+ACT_FNS = ("relu", "gelu", "gelu_tanh", "silu")
+NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
+POSITIONALS = ("learned", "sinusoidal", "rotary", "none")
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"VectorTransformerConfig.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class VectorTransformerConfig:
+    """Hyper-parameters of a vector-input, vector-output transformer.
+
+    The model reads ``x: [batch, pos, d_in]`` and writes ``y: [batch, pos, d_out]``.
+    Invalid values raise a :class:`ValueError` naming the field and what is allowed.
+
+    Args:
+        d_in: size of each input vector.
+        d_out: size of each output vector; defaults to ``d_in``.
+        d_model: width of the residual stream.
+        d_head: width of each attention head.
+        n_heads: heads per layer.
+        n_layers: number of transformer blocks.
+        d_mlp: hidden width of each MLP; defaults to ``4 * d_model``. Ignored when
+            ``attn_only``.
+        n_ctx: largest number of positions the model accepts.
+        act_fn: MLP nonlinearity: ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"``
+            (GPT-2's tanh approximation) or ``"silu"``.
+        normalization: ``"LN"`` (LayerNorm with weight and bias), ``"LNPre"`` (LayerNorm
+            without them, what folding produces), ``"RMS"``, ``"RMSPre"`` or ``None``.
+        positional: ``"learned"`` (a trained ``W_pos``), ``"sinusoidal"`` (a fixed
+            ``W_pos``), ``"rotary"`` (queries and keys rotated, no ``W_pos``) or
+            ``"none"``.
+        attn_only: blocks without MLPs.
+        causal: mask attention to earlier and equal positions only.
+        embed_bias: give the linear embedding a bias ``b_E``.
+        eps: the epsilon of the normalization layers.
+        rotary_base: the base of the rotary frequencies.
+        init_range: standard deviation of the normal initialisation of weight matrices.
+
+    Example:
+        >>> import vecinterp as vi
+        >>> cfg = vi.VectorTransformerConfig(d_in=4, d_model=16, d_head=4, n_heads=2,
+        ...                                  n_layers=1, n_ctx=8)
+        >>> cfg.d_out, cfg.d_mlp
+        (4, 64)
+    """
+
+    d_in: int
+    d_model: int
+    d_head: int
+    n_heads: int
+    n_layers: int
+    n_ctx: int
+    d_out: int | None = None
+    d_mlp: int | None = None
+    act_fn: str = "relu"
+    normalization: str | None = "LN"
+    positional: str = "learned"
+    attn_only: bool = False
+    causal: bool = True
+    embed_bias: bool = False
+    eps: float = 1e-5
+    rotary_base: float = 10000.0
+    init_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("d_in", "d_model", "d_head", "n_heads", "n_layers", "n_ctx"):
+            _require_positive_int(name, getattr(self, name))
+        if self.d_out is None:
+            object.__setattr__(self, "d_out", self.d_in)
+        _require_positive_int("d_out", self.d_out)
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        _require_positive_int("d_mlp", self.d_mlp)
+        if self.act_fn not in ACT_FNS:
+            raise ValueError(
+                f"VectorTransformerConfig.act_fn must be one of {ACT_FNS}, got {self.act_fn!r}"
+            )
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                "VectorTransformerConfig.normalization must be one of "
+                f"{NORMALIZATIONS}, got {self.normalization!r}"
+            )
+        if self.positional not in POSITIONALS:
+            raise ValueError(
+                "VectorTransformerConfig.positional must be one of "
+                f"{POSITIONALS}, got {self.positional!r}"
+            )
+        if self.positional == "rotary" and self.d_head % 2 != 0:
+            raise ValueError(
+                f"VectorTransformerConfig.d_head must be even with positional='rotary', "
+                f"got {self.d_head}"
+            )
+        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
+            raise ValueError(
+                f"VectorTransformerConfig.d_model must be even with positional='sinusoidal', "
+                f"got {self.d_model}"
+            )
+        for name in ("attn_only", "causal", "embed_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"VectorTransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
+                )
+        for name in ("eps", "rotary_base", "init_range"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(
+                    f"VectorTransformerConfig.{name} must be a positive number, got {value!r}"
+                )
+
+    @property
+    def has_ln_weights(self) -> bool:
+        """Whether the normalization layers carry a weight ``w`` (LN and RMS)."""
+        return self.normalization in ("LN", "RMS")
+
+    @property
+    def is_mean_removing(self) -> bool:
+        """Whether every normalization removes the mean of its input (LN and LNPre)."""
+        return self.normalization in ("LN", "LNPre")
+
+    def replace(self, **changes: Any) -> "VectorTransformerConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-serialisable dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "VectorTransformerConfig":
+        """Build a config from :meth:`to_dict`'s output; unknown keys raise ``ValueError``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown VectorTransformerConfig fields {unknown}; known: {sorted(known)}"
+            )
+        return cls(**data)
+
+    def to_json(self) -> str:
+        """The config as a JSON string."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)

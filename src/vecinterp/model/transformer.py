@@ -1,0 +1,263 @@
+"""The hookable vector-input, vector-output transformer."""
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import nn
+
+from ..hooks import HookedModule, HookPoint, NameFilter
+from ..loss import masked_mse
+from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
+from .config import VectorTransformerConfig
+from .validation import check_input, check_like
+
+if TYPE_CHECKING:
+    from ..cache import ActivationCache
+
+RETURN_TYPES = ("output", "loss", "both")
+
+
+class HookedVectorTransformer(HookedModule):
+    """A GPT-2-style pre-norm transformer on real vectors, with a hook at every activation.
+
+    ``x [batch, pos, d_in]`` is embedded by ``W_E``, positions are added (or rotated into
+    queries and keys), ``n_layers`` blocks of attention and MLP write into the residual
+    stream, and ``W_U`` reads ``[batch, pos, d_out]`` out of the final normalised
+    residual. Parameter and hook names are TransformerLens's (see the Concepts page).
+
+    Args:
+        cfg: the configuration.
+        seed: seed of the weight initialisation (a private generator; the global RNG is
+            left alone). ``None`` draws from the global RNG.
+        dtype: parameter dtype.
+        device: parameter device.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> cfg = vi.VectorTransformerConfig(d_in=3, d_model=8, d_head=4, n_heads=2,
+        ...                                  n_layers=2, n_ctx=6)
+        >>> model = vi.HookedVectorTransformer(cfg, seed=0)
+        >>> y, cache = model.run_with_cache(torch.randn(5, 6, 3))
+        >>> y.shape, cache["pattern", 1].shape
+        (torch.Size([5, 6, 3]), torch.Size([5, 2, 6, 6]))
+    """
+
+    def __init__(
+        self,
+        cfg: VectorTransformerConfig,
+        seed: int | None = 0,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+    ):
+        super().__init__()
+        if not isinstance(cfg, VectorTransformerConfig):
+            raise TypeError(f"cfg must be a VectorTransformerConfig, got {type(cfg).__name__}")
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()
+        if cfg.positional in ("learned", "sinusoidal"):
+            self.pos_embed = PosEmbed(cfg)
+            self.hook_pos_embed = HookPoint()
+        else:
+            self.pos_embed = None
+        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = Norm(cfg) if cfg.normalization is not None else nn.Identity()
+        self.unembed = Unembed(cfg)
+        self.init_weights(seed)
+        self.to(dtype=dtype, device=device)
+        self.setup_hooks()
+
+    def init_weights(self, seed: int | None = 0) -> None:
+        """Weight matrices ~ N(0, init_range²) (``W_O``, ``W_out`` scaled by
+        ``1/sqrt(2 n_layers)`` as in GPT-2); biases 0; norm weights 1."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.cfg.init_range
+        resid_std = std / (2 * self.cfg.n_layers) ** 0.5
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf.startswith("W_"):
+                    s = resid_std if leaf in ("W_O", "W_out") else std
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * s)
+                elif leaf == "w":
+                    p.fill_(1.0)
+                else:
+                    p.zero_()
+
+    # -- the forward pass -----------------------------------------------------------
+    def forward(
+        self,
+        x: Float[torch.Tensor, "batch pos d_in"],
+        *,
+        targets: Float[torch.Tensor, "batch pos d_out"] | None = None,
+        loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
+        return_type: str = "output",
+        stop_at_layer: int | None = None,
+    ) -> Any:
+        """Run the model.
+
+        Args:
+            x: input vectors ``[batch, pos, d_in]``.
+            targets: ``[batch, pos, d_out]``, needed for ``return_type`` ``"loss"``/``"both"``.
+            loss_mask: boolean ``[batch, pos]`` or ``[pos]`` for the loss (default: all).
+            return_type: ``"output"`` (``[batch, pos, d_out]``), ``"loss"`` (masked MSE)
+                or ``"both"`` (``(output, loss)``).
+            stop_at_layer: return the residual stream ``[batch, pos, d_model]`` entering
+                block ``stop_at_layer`` (``n_layers``: after the last block, before
+                ``ln_final``) instead of the output.
+        """
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        check_input(x, self.cfg, self.embed.W_E)
+        batch, n_pos, _ = x.shape
+        resid = self.hook_embed(self.embed(x))
+        if self.pos_embed is not None:
+            resid = resid + self.hook_pos_embed(self.pos_embed(batch, n_pos))
+        if stop_at_layer is not None:
+            if (
+                not isinstance(stop_at_layer, int)
+                or not -self.cfg.n_layers <= stop_at_layer <= self.cfg.n_layers
+            ):
+                raise ValueError(
+                    f"stop_at_layer must be an int in [-{self.cfg.n_layers}, {self.cfg.n_layers}], "
+                    f"got {stop_at_layer!r}"
+                )
+            for block in self.blocks[:stop_at_layer]:
+                resid = block(resid)
+            return resid
+        for block in self.blocks:
+            resid = block(resid)
+        out = self.unembed(self.ln_final(resid))
+        if return_type == "output":
+            return out
+        if targets is None:
+            raise ValueError(f"return_type={return_type!r} needs targets [batch, pos, d_out]")
+        check_like("targets", targets, tuple(out.shape), out)
+        loss = masked_mse(out, targets.to(out.dtype), loss_mask)
+        return loss if return_type == "loss" else (out, loss)
+
+    # -- caching --------------------------------------------------------------------
+    def run_with_cache(
+        self,
+        x: Float[torch.Tensor, "batch pos d_in"],
+        names_filter: NameFilter = None,
+        *,
+        incl_bwd: bool = False,
+        loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        device: str | torch.device | None = None,
+        fwd_hooks: Sequence[Any] = (),
+        **forward_kwargs: Any,
+    ) -> tuple[Any, "ActivationCache"]:
+        """Run the model and keep the activations of the selected hook points.
+
+        Args:
+            x: input vectors ``[batch, pos, d_in]``.
+            names_filter: ``None`` (every hook), a name, a list of names, or a predicate.
+            incl_bwd: also cache the gradient of ``loss_fn(output)`` with respect to each
+                selected activation, under ``name + "_grad"``. Uses ``torch.autograd.grad``,
+                so parameters' ``.grad`` are left untouched.
+            loss_fn: maps the output to a scalar; required with ``incl_bwd``.
+            device: move cached tensors there (default: where they were computed).
+            fwd_hooks: extra ``(name, fn)`` hooks active during this run; they run before
+                the caching hooks, so the cache sees their edits.
+            **forward_kwargs: passed to :meth:`forward`.
+
+        Returns:
+            ``(output, cache)``; activations in the cache are detached.
+        """
+        from ..cache import ActivationCache  # the cache layer sits above the model layer
+
+        names = self.hook_names(names_filter)
+        if incl_bwd and loss_fn is None:
+            raise ValueError(
+                "incl_bwd=True needs loss_fn, a function from the output to a scalar, "
+                "e.g. loss_fn=lambda y: vi.masked_mse(y, targets)"
+            )
+        store: dict[str, torch.Tensor] = {}
+
+        def save(act: torch.Tensor, hook: HookPoint) -> None:
+            store[hook.name] = act
+
+        caching = [(name, save) for name in names]
+        with self.hooks(fwd_hooks=list(fwd_hooks) + caching):
+            if incl_bwd:
+                with torch.enable_grad():
+                    out = self(x, **forward_kwargs)
+                    loss = loss_fn(out)  # type: ignore[misc]
+                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                        raise ValueError("loss_fn must return a scalar tensor")
+                    needing = [n for n in names if store[n].requires_grad]
+                    if not needing:
+                        raise ValueError(
+                            "incl_bwd=True but no cached activation requires grad: "
+                            "are the model's parameters frozen (requires_grad=False)?"
+                        )
+                    grads = torch.autograd.grad(
+                        loss, [store[n] for n in needing], allow_unused=True
+                    )
+                for n, g in zip(needing, grads, strict=True):
+                    store[n + "_grad"] = torch.zeros_like(store[n]) if g is None else g
+            else:
+                out = self(x, **forward_kwargs)
+        acts = {
+            name: (t.detach() if device is None else t.detach().to(device))
+            for name, t in store.items()
+        }
+        if isinstance(out, torch.Tensor) and incl_bwd:
+            out = out.detach()
+        return out, ActivationCache(acts, self)
+
+    # -- conveniences -----------------------------------------------------------------
+    @property
+    def W_E(self) -> Float[torch.Tensor, "d_in d_model"]:
+        """The embedding ``[d_in, d_model]``."""
+        return self.embed.W_E
+
+    @property
+    def W_U(self) -> Float[torch.Tensor, "d_model d_out"]:
+        """The unembedding ``[d_model, d_out]``."""
+        return self.unembed.W_U
+
+    def _stack(self, name: str) -> torch.Tensor:
+        return torch.stack([getattr(block.attn, name) for block in self.blocks])
+
+    @property
+    def W_Q(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
+        """Every layer's ``W_Q`` stacked: ``[n_layers, n_heads, d_model, d_head]``."""
+        return self._stack("W_Q")
+
+    @property
+    def W_K(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
+        """Every layer's ``W_K`` stacked: ``[n_layers, n_heads, d_model, d_head]``."""
+        return self._stack("W_K")
+
+    @property
+    def W_V(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
+        """Every layer's ``W_V`` stacked: ``[n_layers, n_heads, d_model, d_head]``."""
+        return self._stack("W_V")
+
+    @property
+    def W_O(self) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
+        """Every layer's ``W_O`` stacked: ``[n_layers, n_heads, d_head, d_model]``."""
+        return self._stack("W_O")
+
+    def layer_index(self, layer: int) -> int:
+        """``layer`` as a non-negative index (negative counts from the end); checked."""
+        n = self.cfg.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+            raise ValueError(f"layer must be an int in [{-n}, {n - 1}], got {layer!r}")
+        return layer % n
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        n_params = sum(p.numel() for p in self.parameters())
+        return (
+            f"HookedVectorTransformer(d_in={c.d_in}, d_out={c.d_out}, d_model={c.d_model}, "
+            f"n_layers={c.n_layers}, n_heads={c.n_heads}, d_head={c.d_head}, "
+            f"d_mlp={None if c.attn_only else c.d_mlp}, normalization={c.normalization!r}, "
+            f"positional={c.positional!r}, params={n_params:,})"
+        )

@@ -1,0 +1,10 @@
+"""Example tasks: seeded data generators that each fit in one self-contained module.
+
+Every task module's docstring explains its data encoding in full, in the style of
+minGPT's ``adder.py``.
+
+- :mod:`vecinterp.tasks.affine_recurrence`: predict ``a_n = c a_{n-1} + d`` in context
+  (Bhargav & Gu, 2024).
+"""
+
+from . import affine_recurrence as affine_recurrence

@@ -1,0 +1,5 @@
+"""Helpers for testing vecinterp models: an independent plain-PyTorch reference."""
+
+from .reference import PlainTransformer
+
+__all__ = ["PlainTransformer"]

@@ -1,0 +1,117 @@
+"""A plain PyTorch transformer of the same math, written independently of vecinterp's
+components: fused ``F.linear``/``F.layer_norm``/``scaled_dot_product_attention``, no
+hooks, no einsum. Tests compare against it; benchmarks time against it."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model.config import VectorTransformerConfig
+
+_ACTS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+class PlainTransformer(nn.Module):
+    """Weights as plain matrices in ``nn.Linear`` layout, built from a vecinterp state dict.
+
+    Args:
+        cfg: the configuration the state dict belongs to.
+        state_dict: a :class:`~vecinterp.HookedVectorTransformer` state dict (its tensors
+            are copied).
+    """
+
+    def __init__(self, cfg: VectorTransformerConfig, state_dict: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        sd = {k: v.detach().clone() for k, v in state_dict.items()}
+        h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head
+        p = nn.ParameterDict()
+        p["embed_w"] = nn.Parameter(sd["embed.W_E"].T.contiguous())
+        p["embed_b"] = nn.Parameter(
+            sd.get("embed.b_E", torch.zeros(d, dtype=sd["embed.W_E"].dtype))
+        )
+        if cfg.positional == "learned":
+            p["pos"] = nn.Parameter(sd["pos_embed.W_pos"])
+        elif cfg.positional == "sinusoidal":
+            self.register_buffer("pos_fixed", sd["pos_embed.W_pos"])
+        for i in range(cfg.n_layers):
+            b = f"blocks.{i}."
+            qkv = [sd[b + f"attn.W_{n}"].permute(0, 2, 1).reshape(h * dh, d) for n in "QKV"]
+            p[f"{i}_qkv_w"] = nn.Parameter(torch.cat(qkv))
+            p[f"{i}_qkv_b"] = nn.Parameter(
+                torch.cat([sd[b + f"attn.b_{n}"].reshape(-1) for n in "QKV"])
+            )
+            p[f"{i}_o_w"] = nn.Parameter(sd[b + "attn.W_O"].reshape(h * dh, d).T.contiguous())
+            p[f"{i}_o_b"] = nn.Parameter(sd[b + "attn.b_O"])
+            for ln in ("ln1", "ln2"):
+                for wb in ("w", "b"):
+                    if b + f"{ln}.{wb}" in sd:
+                        p[f"{i}_{ln}_{wb}"] = nn.Parameter(sd[b + f"{ln}.{wb}"])
+            if not cfg.attn_only:
+                p[f"{i}_in_w"] = nn.Parameter(sd[b + "mlp.W_in"].T.contiguous())
+                p[f"{i}_in_b"] = nn.Parameter(sd[b + "mlp.b_in"])
+                p[f"{i}_out_w"] = nn.Parameter(sd[b + "mlp.W_out"].T.contiguous())
+                p[f"{i}_out_b"] = nn.Parameter(sd[b + "mlp.b_out"])
+        for wb in ("w", "b"):
+            if f"ln_final.{wb}" in sd:
+                p[f"final_{wb}"] = nn.Parameter(sd[f"ln_final.{wb}"])
+        p["unembed_w"] = nn.Parameter(sd["unembed.W_U"].T.contiguous())
+        p["unembed_b"] = nn.Parameter(sd["unembed.b_U"])
+        self.p = p
+        if cfg.positional == "rotary":
+            half = dh // 2
+            inv = cfg.rotary_base ** (-torch.arange(half, dtype=torch.float64) * 2 / dh)
+            ang = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), inv)
+            self.register_buffer("rot_cos", ang.cos().to(p["embed_w"].dtype))
+            self.register_buffer("rot_sin", ang.sin().to(p["embed_w"].dtype))
+
+    def _norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        kind = self.cfg.normalization
+        if kind is None:
+            return x
+        w = self.p[prefix + "_w"] if prefix + "_w" in self.p else None
+        b = self.p[prefix + "_b"] if prefix + "_b" in self.p else None
+        if kind in ("LN", "LNPre"):
+            return F.layer_norm(x, (x.shape[-1],), w, b, self.cfg.eps)
+        return F.rms_norm(x, (x.shape[-1],), w, self.cfg.eps)
+
+    def _rotate(self, t: torch.Tensor) -> torch.Tensor:
+        # t: [batch, heads, pos, d_head]; complex-number form of the rotate-half layout
+        n = t.shape[-2]
+        half = t.shape[-1] // 2
+        re, im = t[..., :half], t[..., half:]
+        cos, sin = self.rot_cos[:n], self.rot_sin[:n]
+        return torch.cat([re * cos - im * sin, re * sin + im * cos], dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg, p = self.cfg, self.p
+        batch, n, _ = x.shape
+        h, dh = cfg.n_heads, cfg.d_head
+        resid = F.linear(x, p["embed_w"], p["embed_b"])
+        if cfg.positional == "learned":
+            resid = resid + p["pos"][:n]
+        elif cfg.positional == "sinusoidal":
+            resid = resid + self.pos_fixed[:n]
+        for i in range(cfg.n_layers):
+            qkv = F.linear(self._norm(resid, f"{i}_ln1"), p[f"{i}_qkv_w"], p[f"{i}_qkv_b"])
+            q, k, v = qkv.view(batch, n, 3, h, dh).permute(2, 0, 3, 1, 4)
+            if cfg.positional == "rotary":
+                q, k = self._rotate(q), self._rotate(k)
+            z = F.scaled_dot_product_attention(
+                q, k, v, is_causal=cfg.causal, scale=1 / math.sqrt(dh)
+            )
+            z = z.transpose(1, 2).reshape(batch, n, h * dh)
+            resid = resid + F.linear(z, p[f"{i}_o_w"], p[f"{i}_o_b"])
+            if not cfg.attn_only:
+                hidden = _ACTS[cfg.act_fn](
+                    F.linear(self._norm(resid, f"{i}_ln2"), p[f"{i}_in_w"], p[f"{i}_in_b"])
+                )
+                resid = resid + F.linear(hidden, p[f"{i}_out_w"], p[f"{i}_out_b"])
+        return F.linear(self._norm(resid, "final"), p["unembed_w"], p["unembed_b"])
