@@ -52,7 +52,7 @@ class FactoredMatrix:
     Example:
         >>> import torch
         >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
-        >>> W_V, W_O = torch.ones(2, 4, 1), torch.ones(2, 1, 4)  # [n_heads, d_model, d_head]...
+        >>> W_V, W_O = torch.ones(2, 4, 1), torch.ones(2, 1, 4)  # 2 heads, d_model 4, d_head 1
         >>> ov = FactoredMatrix(W_V, W_O)
         >>> ov
         FactoredMatrix(shape=(2, 4, 4), A=(2, 4, 1), B=(2, 1, 4), dtype=torch.float32, device=cpu)

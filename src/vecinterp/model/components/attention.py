@@ -3,12 +3,12 @@
 import math
 
 import torch
-from einops import einsum
 from jaxtyping import Float
 from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
+from ..contract import contract
 from .rotary import Rotary
 
 
@@ -24,7 +24,8 @@ class Attention(nn.Module):
     ``hook_rot_q``, ``hook_rot_k`` (rotary only); ``hook_attn_scores`` and ``hook_pattern``
     ``[batch, n_heads, dest_pos, src_pos]``; ``hook_result`` ``[batch, pos, n_heads,
     d_model]``, computed only when a hook is attached to it (it costs ``n_heads`` times
-    the memory of the output).
+    the memory of the output). Unless a hook edits ``hook_result``, the layer's output is
+    computed the same way with or without it, so caching never changes a bit of it.
     """
 
     def __init__(self, cfg: VectorTransformerConfig):
@@ -59,41 +60,52 @@ class Attention(nn.Module):
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
         spec = "batch pos d_model, n_heads d_model d_head -> batch pos n_heads d_head"
-        q = self.hook_q(einsum(x, self.W_Q, spec) + self.b_Q)
-        k = self.hook_k(einsum(x, self.W_K, spec) + self.b_K)
-        v = self.hook_v(einsum(x, self.W_V, spec) + self.b_V)
+        q = self.hook_q(contract(spec, x, self.W_Q, self.b_Q))
+        k = self.hook_k(contract(spec, x, self.W_K, self.b_K))
+        v = self.hook_v(contract(spec, x, self.W_V, self.b_V))
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q))
             k = self.hook_rot_k(self.rotary(k))
-        scores = (
-            einsum(
-                q,
-                k,
-                "batch dest_pos n_heads d_head, batch src_pos n_heads d_head "
-                "-> batch n_heads dest_pos src_pos",
-            )
-            * self.scale
-        )
+        scores = contract(
+            "batch dest_pos n_heads d_head, batch src_pos n_heads d_head "
+            "-> batch n_heads dest_pos src_pos",
+            q,
+            k,
+        ).mul_(self.scale)
         if self.causal:
             n_pos = x.shape[1]
-            scores = scores.masked_fill(~self.mask[:n_pos, :n_pos], float("-inf"))
+            scores.masked_fill_(~self.mask[:n_pos, :n_pos], float("-inf"))
         pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(dim=-1))
         z = self.hook_z(
-            einsum(
-                pattern,
-                v,
+            contract(
                 "batch n_heads dest_pos src_pos, batch src_pos n_heads d_head "
                 "-> batch dest_pos n_heads d_head",
+                pattern,
+                v,
             )
         )
         if self.hook_result.has_hooks:
-            result = einsum(
+            result = contract(
+                "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model",
                 z,
                 self.W_O,
-                "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model",
             )
-            return self.hook_result(result).sum(dim=-2) + self.b_O
-        out = einsum(
-            z, self.W_O, "batch pos n_heads d_head, n_heads d_head d_model -> batch pos d_model"
+            # inference tensors keep no version counter: compare with a copy instead
+            before = result.clone() if result.is_inference() else result._version
+            hooked = self.hook_result(result)
+            if hooked is not result or not _unchanged(result, before):
+                # a hook edited the per-head outputs: the layer writes their sum
+                return hooked.sum(dim=-2) + self.b_O
+        # same arithmetic whether or not hook_result is read, so caching changes no bit
+        return contract(
+            "batch pos n_heads d_head, n_heads d_head d_model -> batch pos d_model",
+            z,
+            self.W_O,
+            self.b_O,
         )
-        return out + self.b_O
+
+
+def _unchanged(t: torch.Tensor, before: torch.Tensor | int) -> bool:
+    if isinstance(before, torch.Tensor):
+        return torch.equal(t, before)
+    return t._version == before

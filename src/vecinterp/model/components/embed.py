@@ -1,11 +1,11 @@
 """Linear embedding of input vectors into the residual stream."""
 
 import torch
-from einops import einsum
 from jaxtyping import Float
 from torch import nn
 
 from ..config import VectorTransformerConfig
+from ..contract import contract
 
 
 class Embed(nn.Module):
@@ -22,5 +22,4 @@ class Embed(nn.Module):
     def forward(
         self, x: Float[torch.Tensor, "batch pos d_in"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
-        out = einsum(x, self.W_E, "batch pos d_in, d_in d_model -> batch pos d_model")
-        return out if self.b_E is None else out + self.b_E
+        return contract("batch pos d_in, d_in d_model -> batch pos d_model", x, self.W_E, self.b_E)

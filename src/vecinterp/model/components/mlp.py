@@ -2,12 +2,12 @@
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
 from jaxtyping import Float
 from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
+from ..contract import contract
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -39,10 +39,9 @@ class MLP(nn.Module):
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
         pre = self.hook_pre(
-            einsum(x, self.W_in, "batch pos d_model, d_model d_mlp -> batch pos d_mlp") + self.b_in
+            contract("batch pos d_model, d_model d_mlp -> batch pos d_mlp", x, self.W_in, self.b_in)
         )
         post = self.hook_post(self.act_fn(pre))
-        return (
-            einsum(post, self.W_out, "batch pos d_mlp, d_mlp d_model -> batch pos d_model")
-            + self.b_out
+        return contract(
+            "batch pos d_mlp, d_mlp d_model -> batch pos d_model", post, self.W_out, self.b_out
         )

@@ -39,11 +39,9 @@ class Norm(nn.Module):
             x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         x = self.hook_normalized(x / scale)
-        if self.w is not None:
-            x = x * self.w
-        if self.b is not None:
-            x = x + self.b
-        return x
+        if self.w is None:
+            return x
+        return x * self.w if self.b is None else torch.addcmul(self.b, x, self.w)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, eps={self.eps}"

@@ -1,12 +1,12 @@
 """Linear read-out of the residual stream into output vectors."""
 
 import torch
-from einops import einsum
 from jaxtyping import Float
 from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
+from ..contract import contract
 
 
 class Unembed(nn.Module):
@@ -23,5 +23,5 @@ class Unembed(nn.Module):
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_out"]:
         return self.hook_out(
-            einsum(x, self.W_U, "batch pos d_model, d_model d_out -> batch pos d_out") + self.b_U
+            contract("batch pos d_model, d_model d_out -> batch pos d_out", x, self.W_U, self.b_U)
         )
