@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linear_sum_assignment
 
-from vecinterp.analysis import factored_matrix
-from vecinterp.analysis.factored_matrix import FactoredMatrix
+from vecinterp import factored_matrix
+from vecinterp.factored_matrix import FactoredMatrix
 
 F64 = torch.float64
 TOL = {"atol": 1e-10, "rtol": 1e-10}

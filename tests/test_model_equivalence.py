@@ -127,7 +127,9 @@ def test_every_parameter_reaches_the_output(cfg):
             continue
         perturbed = random_model(cfg)
         with torch.no_grad():
-            perturbed.get_parameter(name).add_(0.1)
+            param = perturbed.get_parameter(name)
+            gen = torch.Generator().manual_seed(len(name))
+            param.add_(0.1 * torch.randn(param.shape, generator=gen, dtype=F64))
             y2 = perturbed(x)
         assert max_abs_diff(y, y2) > 1e-6, name
         assert max_abs_diff(y2, plain_output(perturbed, x)) <= 1e-10, name
