@@ -225,7 +225,9 @@ def test_fold_layer_norm_hand_worked():
     # 2 W_Q = [2, 6], mean 4, centred [-2, 2]; b_Q + c W_Q = 0.25 + 0.5*1 - 1*3 = -2.25
     expected_W = torch.tensor([[[-2.0], [2.0]]], dtype=torch.float64)
     assert torch.equal(new.blocks[0].attn.W_Q.detach(), expected_W)
-    assert torch.equal(new.blocks[0].attn.b_Q.detach(), torch.tensor([[-2.25]], dtype=torch.float64))
+    assert torch.equal(
+        new.blocks[0].attn.b_Q.detach(), torch.tensor([[-2.25]], dtype=torch.float64)
+    )
     x = random_input(cfg, batch=2)
     with torch.no_grad():
         assert max_diff(new(x), model(x)) <= F64_TOL
@@ -247,24 +249,29 @@ def test_fold_layer_norm_formula_for_every_reader():
     new = vi.fold_layer_norm(model)
     old_sd, new_sd = model.state_dict(), new.state_dict()
     pairs = [(f"blocks.0.attn.W_{n}", f"blocks.0.attn.b_{n}", "attn") for n in "QKV"]
-    pairs += [("blocks.0.mlp.W_in", "blocks.0.mlp.b_in", "mlp"), ("unembed.W_U", "unembed.b_U", "unembed")]
+    pairs += [
+        ("blocks.0.mlp.W_in", "blocks.0.mlp.b_in", "mlp"),
+        ("unembed.W_U", "unembed.b_U", "unembed"),
+    ]
     for W_name, b_name, key in pairs:
         W, b = old_sd[W_name], old_sd[b_name]
-        d_model = W.shape[-2]
-        # by hand, one entry at a time
-        expected_W = torch.empty_like(W)
-        expected_b = b.clone()
-        for idx in torch.cartesian_prod(*[torch.arange(s) for s in W.shape]).tolist():
-            *lead, i, j = idx
-            column = [2 * float(W[(*lead, k, j)]) for k in range(d_model)]
-            expected_W[tuple(idx)] = 2 * float(W[tuple(idx)]) - sum(column) / d_model
-        for idx in torch.cartesian_prod(*[torch.arange(s) for s in b.shape]).tolist():
-            if b.ndim == 1:
-                idx = [idx] if isinstance(idx, int) else idx
-            *lead, j = idx
-            expected_b[tuple(idx)] += sum(float(c[key][k]) * float(W[(*lead, k, j)]) for k in range(d_model))
+        d_model, d_x = W.shape[-2:]
+        W3, b2 = W.reshape(-1, d_model, d_x).tolist(), b.reshape(-1, d_x).tolist()
+        expected_W = [[[0.0] * d_x for _ in range(d_model)] for _ in W3]
+        expected_b = [list(row) for row in b2]
+        for h, Wh in enumerate(W3):  # one head (or the single matrix) at a time
+            for j in range(d_x):
+                column_mean = sum(2 * Wh[k][j] for k in range(d_model)) / d_model
+                for i in range(d_model):
+                    expected_W[h][i][j] = 2 * Wh[i][j] - column_mean
+                expected_b[h][j] += sum(float(c[key][k]) * Wh[k][j] for k in range(d_model))
+        expected_W = torch.tensor(expected_W, dtype=W.dtype).reshape(W.shape)
+        expected_b = torch.tensor(expected_b, dtype=b.dtype).reshape(b.shape)
         torch.testing.assert_close(new_sd[W_name], expected_W, rtol=0, atol=1e-14)
         torch.testing.assert_close(new_sd[b_name], expected_b, rtol=0, atol=1e-13)
+    x = random_input(cfg)
+    with torch.no_grad():
+        assert max_diff(new(x), model(x)) <= F64_TOL
 
 
 # ---------------------------------------------------------------- fold_value_biases
@@ -317,9 +324,7 @@ RESID_HOOKS = ("hook_embed", "hook_pos_embed", "resid_pre", "resid_mid", "resid_
 @pytest.mark.parametrize("norm", ["LN", "LNPre"])
 @pytest.mark.parametrize("attn_only", [False, True])
 def test_center_writing_weights(norm, positional, attn_only):
-    cfg = tiny_cfg(
-        normalization=norm, positional=positional, attn_only=attn_only, embed_bias=True
-    )
+    cfg = tiny_cfg(normalization=norm, positional=positional, attn_only=attn_only, embed_bias=True)
     model = random_model(cfg)
     new = vi.center_writing_weights(model)
     assert new.cfg == cfg

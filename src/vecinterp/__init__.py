@@ -19,6 +19,7 @@ Vectors are rows and weights multiply on the right: ``resid @ W_Q``.
 """
 
 from .cache import ActivationCache, act_name
+from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
 from .loss import masked_mse
 from .model import HookedVectorTransformer, VectorTransformerConfig
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActivationCache",
+    "FactoredMatrix",
     "HookHandle",
     "HookPoint",
     "HookedVectorTransformer",

@@ -51,7 +51,7 @@ class FactoredMatrix:
 
     Example:
         >>> import torch
-        >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
+        >>> from vecinterp import FactoredMatrix
         >>> W_V, W_O = torch.ones(2, 4, 1), torch.ones(2, 1, 4)  # 2 heads, d_model 4, d_head 1
         >>> ov = FactoredMatrix(W_V, W_O)
         >>> ov
@@ -220,7 +220,7 @@ class FactoredMatrix:
 
         Example:
             >>> import torch
-            >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
+            >>> from vecinterp import FactoredMatrix
             >>> fm = FactoredMatrix(torch.ones(5, 2), torch.ones(2, 5))
             >>> (fm @ torch.ones(5, 3)).mdim, (fm @ torch.ones(5)).tolist()
             (2, [10.0, 10.0, 10.0, 10.0, 10.0])
@@ -325,7 +325,7 @@ class FactoredMatrix:
 
         Example:
             >>> import torch
-            >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
+            >>> from vecinterp import FactoredMatrix
             >>> u, v = torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([[4.0, 5.0, 6.0]])
             >>> FactoredMatrix(u, v).eigenvalues.real.tolist()  # uv^T has eigenvalue v·u
             [32.0]
@@ -372,7 +372,7 @@ class FactoredMatrix:
 
         Example:
             >>> import torch
-            >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
+            >>> from vecinterp import FactoredMatrix
             >>> fm = FactoredMatrix(2 * torch.eye(4)[:, :2], torch.eye(4)[:2, :])
             >>> U, S, Vh = fm.svd()
             >>> S.tolist(), torch.allclose(U @ torch.diag(S) @ Vh, fm.AB)
@@ -399,7 +399,7 @@ class FactoredMatrix:
 
         Example:
             >>> import torch
-            >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
+            >>> from vecinterp import FactoredMatrix
             >>> FactoredMatrix(torch.eye(4)[:, :2], torch.eye(4)[:2, :]).norm().item()
             1.4142135381698608
         """
@@ -411,7 +411,7 @@ class FactoredMatrix:
 
         Example:
             >>> import torch
-            >>> from vecinterp.analysis.factored_matrix import FactoredMatrix
+            >>> from vecinterp import FactoredMatrix
             >>> FactoredMatrix(torch.ones(9, 1), torch.ones(1, 9)).get_corner(2).tolist()
             [[1.0, 1.0], [1.0, 1.0]]
         """
