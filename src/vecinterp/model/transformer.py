@@ -7,6 +7,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import nn
 
+from ..factored_matrix import FactoredMatrix
 from ..hooks import HookedModule, HookPoint, NameFilter
 from ..loss import masked_mse
 from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
@@ -244,6 +245,20 @@ class HookedVectorTransformer(HookedModule):
     def W_O(self) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
         """Every layer's ``W_O`` stacked: ``[n_layers, n_heads, d_head, d_model]``."""
         return self._stack("W_O")
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Every head's OV circuit ``W_V W_O`` as a :class:`~vecinterp.FactoredMatrix`
+        ``[n_layers, n_heads, d_model, d_model]`` (row vectors: ``resid @ OV``). Value
+        biases are not included: fold them first (:func:`~vecinterp.fold_value_biases`)."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Every head's QK circuit ``W_Q W_K^T`` as a :class:`~vecinterp.FactoredMatrix`
+        ``[n_layers, n_heads, d_model, d_model]``: ``score = q_resid QK k_resid^T / sqrt(d_head)``
+        up to the query and key biases (not included) and rotary rotation."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
 
     def layer_index(self, layer: int) -> int:
         """``layer`` as a non-negative index (negative counts from the end); checked."""
