@@ -73,6 +73,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     Index with a full name (``cache["blocks.0.attn.hook_pattern"]``) or a short one
     (``cache["pattern", 0]``, ``cache["resid_post", -1]``, ``cache["scale", 1, "ln2"]``,
     ``cache["embed"]``). Gradients cached with ``incl_bwd`` sit under ``name + "_grad"``.
+    Per-head results (``cache["result", l]``) are derived from ``hook_z`` and ``W_O`` on
+    first access when they were not cached.
 
     Args:
         cache_dict: hook name to tensor.
@@ -101,6 +103,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         try:
             return self.cache_dict[full]
         except KeyError:
+            derived = self._derive(full)
+            if derived is not None:
+                return derived
             close = difflib.get_close_matches(full, list(self.cache_dict), n=5, cutoff=0.5)
             hint = f"; close matches: {close}" if close else ""
             raise KeyError(
@@ -108,11 +113,33 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 "Was it excluded by names_filter?"
             ) from None
 
+    def _derive(self, full: str) -> torch.Tensor | None:
+        """``attn.hook_result`` from the cached ``hook_z`` (stored once computed)."""
+        if not full.endswith(".attn.hook_result"):
+            return None
+        z_name = full.replace(".hook_result", ".hook_z")
+        if z_name not in self.cache_dict:
+            return None
+        layer = int(full.split(".")[1])
+        z = self.cache_dict[z_name]
+        result = einsum(
+            z,
+            self.model.blocks[layer].attn.W_O.detach().to(z.device),
+            "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model",
+        )
+        self.cache_dict[full] = result
+        return result
+
     def __contains__(self, key: object) -> bool:
         try:
-            return self._key(key) in self.cache_dict
+            full = self._key(key)
         except (KeyError, ValueError):
             return False
+        if full in self.cache_dict:
+            return True
+        return full.endswith(".attn.hook_result") and (
+            full.replace(".hook_result", ".hook_z") in self.cache_dict
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.cache_dict)
@@ -218,22 +245,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     ) -> Any:
         """Each head's output ``z_h W_O[h]`` for every block before ``layer``.
 
-        Uses ``hook_result`` if cached, else recomputes it from ``hook_z``. Returns
+        Uses ``hook_result`` if cached, else derives it from ``hook_z``. Returns
         ``[component, batch, pos, d_model]`` with labels ``"L0H0"``, ``"L0H1"``, ...; per
         layer, the heads plus ``b_O`` sum to ``attn_out``.
         """
         n = self._n(layer)
         parts, labels = [], []
         for ell in range(n):
-            if act_name("result", ell) in self.cache_dict:
-                result = self["result", ell]
-            else:
-                result = einsum(
-                    self["z", ell],
-                    self.model.blocks[ell].attn.W_O.detach().to(self["z", ell].device),
-                    "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model",
-                )
-            parts.append(result.movedim(-2, 0))
+            parts.append(self["result", ell].movedim(-2, 0))
             labels += [f"L{ell}H{h}" for h in range(self.cfg.n_heads)]
         if not parts:
             raise ValueError("layer=0: there are no heads before the first block")

@@ -157,7 +157,9 @@ class HookedVectorTransformer(HookedModule):
 
         Args:
             x: input vectors ``[batch, pos, d_in]``.
-            names_filter: ``None`` (every hook), a name, a list of names, or a predicate.
+            names_filter: ``None`` (every hook but ``attn.hook_result``, which the cache
+                derives from ``hook_z`` when asked for it), a name, a list of names, or a
+                predicate.
             incl_bwd: also cache the gradient of ``loss_fn(output)`` with respect to each
                 selected activation, under ``name + "_grad"``. Uses ``torch.autograd.grad``,
                 so parameters' ``.grad`` are left untouched.
@@ -173,6 +175,9 @@ class HookedVectorTransformer(HookedModule):
         from ..cache import ActivationCache  # the cache layer sits above the model layer
 
         names = self.hook_names(names_filter)
+        if names_filter is None:
+            # per-head results cost n_heads x attn_out; the cache derives them from hook_z
+            names = [n for n in names if not n.endswith(".attn.hook_result")]
         if incl_bwd and loss_fn is None:
             raise ValueError(
                 "incl_bwd=True needs loss_fn, a function from the output to a scalar, "

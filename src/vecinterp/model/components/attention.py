@@ -42,7 +42,7 @@ class Attention(nn.Module):
         self.causal = cfg.causal
         self.scale = 1.0 / math.sqrt(dh)
         self.register_buffer(
-            "mask", torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).tril(), persistent=False
+            "future", torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1), persistent=False
         )
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
         self.hook_q = HookPoint()
@@ -74,7 +74,7 @@ class Attention(nn.Module):
         ).mul_(self.scale)
         if self.causal:
             n_pos = x.shape[1]
-            scores.masked_fill_(~self.mask[:n_pos, :n_pos], float("-inf"))
+            scores.masked_fill_(self.future[:n_pos, :n_pos], float("-inf"))
         pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(dim=-1))
         z = self.hook_z(
             contract(
