@@ -76,17 +76,35 @@ def expected_shapes(cfg, b: int, p: int) -> dict[str, tuple[int, ...]]:
 # ---------------------------------------------------------------- names and shapes
 
 
+def is_result(name: str) -> bool:
+    return name.endswith(".attn.hook_result")
+
+
 @pytest.mark.parametrize("cfg", CFGS.values(), ids=CFGS.keys())
 def test_every_hook_cached_with_documented_shape(cfg):
     model, _, y, cache = run(cfg, batch=2, n_pos=5)
     expected = expected_shapes(cfg, 2, 5)
-    assert set(cache) == set(expected)
-    assert set(cache) == set(model.hook_dict)
+    assert set(expected) == set(model.hook_dict)
+    # by default the per-head results are not stored but derived from hook_z on demand
+    assert set(cache) == {name for name in expected if not is_result(name)}
     for name, shape in expected.items():
+        assert name in cache
         assert tuple(cache[name].shape) == shape, name
         assert cache[name].dtype == torch.float64
         assert not cache[name].requires_grad
     assert torch.equal(cache["unembed.hook_out"], y)
+
+
+@pytest.mark.parametrize("cfg", CFGS.values(), ids=CFGS.keys())
+def test_every_hook_cached_when_asked_for_all(cfg):
+    model, _, y, cache = run(cfg, batch=2, n_pos=5, names_filter=lambda name: True)
+    expected = expected_shapes(cfg, 2, 5)
+    assert set(cache) == set(expected)
+    assert len(cache) == len(model.hook_dict)
+    for name, shape in expected.items():
+        assert tuple(cache[name].shape) == shape, name
+    _, _, y_default, _ = run(cfg, batch=2, n_pos=5)
+    assert torch.equal(y, y_default)  # reading hook_result changes no bit of the output
 
 
 @pytest.mark.parametrize("cfg", CFGS.values(), ids=CFGS.keys())
@@ -113,7 +131,7 @@ def test_cached_activations_are_consistent(cfg):
 # ---------------------------------------------------------------- short keys
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ln_cache():
     return run(tiny_cfg(n_layers=3))
 
@@ -193,9 +211,11 @@ def test_act_name_errors():
 
 def test_mapping_protocol(ln_cache):
     model, _, _, cache = ln_cache
-    assert len(cache) == len(model.hook_dict) == len(list(cache))
+    stored = [name for name in model.hook_dict if not is_result(name)]
+    assert len(cache) == len(stored) == len(list(cache))
     assert list(iter(cache)) == list(cache.keys())
-    assert set(cache) == set(model.hook_dict)
+    assert set(cache) == set(stored)
+    assert ("result", 0) in cache  # derivable from hook_z
     for name, value in cache.items():
         assert cache[name] is value
     assert cache.get("blocks.0.attn.hook_patern") is None
@@ -336,7 +356,8 @@ def test_accumulated_resid_labels_hand_written():
 
 @pytest.mark.parametrize("cfg", CFGS.values(), ids=CFGS.keys())
 def test_stack_head_results(cfg):
-    model, x, _, cache = run(cfg)
+    model, x, _, cache = run(cfg, names_filter=lambda name: True)
+    assert all(f"blocks.{ell}.attn.hook_result" in cache.cache_dict for ell in range(cfg.n_layers))
     h = cfg.n_heads
     stack, labels = cache.stack_head_results(return_labels=True)
     assert labels == [f"L{ell}H{i}" for ell in range(cfg.n_layers) for i in range(h)]
@@ -355,14 +376,16 @@ def test_stack_head_results(cfg):
     with pytest.raises(ValueError, match="layer=0"):
         cache.stack_head_results(layer=0)
 
-    # only hook_z cached: the results are recomputed from z and W_O, identically
-    _, z_only = model.run_with_cache(x, names_filter=lambda n: not n.endswith("hook_result"))
-    assert not any(name.endswith("hook_result") for name in z_only)
-    stack_z, labels_z = z_only.stack_head_results(return_labels=True)
-    assert labels_z == labels
-    # layer 0 bitwise; later layers see an attn_out summed in another order upstream
-    assert torch.equal(stack_z[:h], stack[:h])
-    assert max_diff(stack_z, stack) <= EXACT
+    # only hook_z cached (explicitly, or by default): results derived from z and W_O
+    for names_filter in (lambda n: not is_result(n), None):
+        _, z_only = model.run_with_cache(x, names_filter=names_filter)
+        assert not any(is_result(name) for name in z_only)
+        stack_z, labels_z = z_only.stack_head_results(return_labels=True)
+        assert labels_z == labels
+        assert max_diff(stack_z, stack) <= EXACT
+    _, no_z = model.run_with_cache(x, names_filter=lambda n: not n.endswith(("hook_z", "result")))
+    with pytest.raises(KeyError, match=r"blocks\.0\.attn\.hook_result"):
+        no_z.stack_head_results()
 
 
 # ---------------------------------------------------------------- apply_ln_to_stack
@@ -470,3 +493,19 @@ def test_direct_attribution_identity(cfg):
     )
     total = einsum(y - b_U, targets, "batch pos d, batch pos d -> batch pos")
     assert max_diff(scores.sum(0) + bias_score, total) <= EXACT
+
+
+def test_decompose_resid_refuses_a_cache_without_pos_embed():
+    """A model with a positional embedding whose cache lacks hook_pos_embed cannot be
+    decomposed: silently dropping the component would break the exact sum."""
+    cfg = tiny_cfg()
+    _, _, _, cache = run(cfg, names_filter=lambda n: n != "hook_pos_embed")
+    with pytest.raises(KeyError, match="hook_pos_embed"):
+        cache.decompose_resid()
+
+
+def test_apply_ln_to_stack_mlp_input_on_attn_only_model():
+    cfg = tiny_cfg(attn_only=True)
+    _, _, _, cache = run(cfg)
+    with pytest.raises(ValueError, match="attn_only|mlp_input|ln2"):
+        cache.apply_ln_to_stack(cache.decompose_resid(layer=0), layer=0, mlp_input=True)

@@ -221,7 +221,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if incl_embeds:
             parts.append(self["hook_embed"])
             labels.append("embed")
-            if "hook_pos_embed" in self.cache_dict:
+            if self.model.pos_embed is not None:
                 parts.append(self["hook_pos_embed"])
                 labels.append("pos_embed")
         for ell in range(n):
@@ -286,6 +286,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if n == self.cfg.n_layers:
             ln, key = self.model.ln_final, "ln_final.hook_scale"
         else:
+            if mlp_input and self.cfg.attn_only:
+                raise ValueError("mlp_input=True but the model is attn_only: it has no ln2")
             sub = "ln2" if mlp_input else "ln1"
             ln, key = getattr(self.model.blocks[n], sub), f"blocks.{n}.{sub}.hook_scale"
         if key not in self.cache_dict:

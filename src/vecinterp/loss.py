@@ -34,21 +34,25 @@ def masked_mse(
         )
     if reduction not in ("mean", "none", "sum"):
         raise ValueError(f"reduction must be 'mean', 'none' or 'sum', got {reduction!r}")
-    per_pos = (pred - target).pow(2).mean(-1)
+    batch_pos = pred.shape[:-1]
     if loss_mask is None:
-        mask = torch.ones_like(per_pos, dtype=torch.bool)
+        mask = torch.ones(batch_pos, dtype=torch.bool, device=pred.device)
     else:
         if loss_mask.dtype != torch.bool:
             raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}")
-        if loss_mask.shape not in (per_pos.shape, per_pos.shape[1:]):
+        if loss_mask.shape not in (batch_pos, batch_pos[1:]):
             raise ValueError(
-                f"loss_mask must have shape [batch, pos]={tuple(per_pos.shape)} or "
-                f"[pos]={tuple(per_pos.shape[1:])}, got {tuple(loss_mask.shape)}"
+                f"loss_mask must have shape [batch, pos]={tuple(batch_pos)} or "
+                f"[pos]={tuple(batch_pos[1:])}, got {tuple(loss_mask.shape)}"
             )
-        mask = loss_mask.to(per_pos.device).expand_as(per_pos)
+        mask = loss_mask.to(pred.device).expand(batch_pos)
+    # select before squaring: a NaN at a masked-out position reaches neither the loss
+    # nor, through the backward pass, the gradient
+    diff = torch.where(mask[..., None], pred - target, torch.zeros((), dtype=pred.dtype))
+    masked = diff.pow(2).mean(-1)
     if reduction == "none":
-        return per_pos * mask
-    total = (per_pos * mask).sum()
+        return masked
+    total = masked.sum()
     if reduction == "sum":
         return total
     count = mask.sum()

@@ -137,13 +137,22 @@ class VectorTransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "VectorTransformerConfig":
-        """Build a config from :meth:`to_dict`'s output; unknown keys raise ``ValueError``."""
+        """Build a config from :meth:`to_dict`'s output; unknown or missing required keys
+        raise ``ValueError``."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(
                 f"unknown VectorTransformerConfig fields {unknown}; known: {sorted(known)}"
             )
+        required = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        missing = sorted(required - set(data))
+        if missing:
+            raise ValueError(f"VectorTransformerConfig fields missing: {missing}")
         return cls(**data)
 
     def to_json(self) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import VectorTransformerConfig
@@ -22,15 +22,22 @@ FORMAT_VERSION = 1
 def atomic_write(path: Path, write: Any) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over
     ``path``: readers see the old file or the new one, never half of one."""
+    tmp = _staged(path, write)
+    os.replace(tmp, path)
+
+
+def _staged(path: Path, write: Any) -> Path:
+    """Write a temporary file beside ``path`` with ``write(tmp)``; removed if that fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    tmp = Path(name)
     try:
-        write(Path(tmp))
-        os.replace(tmp, path)
+        write(tmp)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    return tmp
 
 
 def save(
@@ -40,8 +47,10 @@ def save(
 ) -> Path:
     """Write ``model`` to the directory ``path``: ``model.safetensors`` and ``config.json``.
 
-    Both files are written atomically. ``metadata`` (JSON-serialisable) is stored in the
-    config file under ``"metadata"``.
+    Both files are written in full to temporary names first and only then renamed into
+    place, so an interrupted save leaves the previous files intact. The config is also
+    stored inside the safetensors header, and :func:`load` checks that the two agree.
+    ``metadata`` (JSON-serialisable) is stored in the config file under ``"metadata"``.
 
     Returns:
         The directory.
@@ -62,6 +71,7 @@ def save(
         raise ValueError(f"{directory} exists and is not a directory")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     dtypes = {str(t.dtype) for t in tensors.values()}
+    config_json = json.dumps(model.cfg.to_dict(), sort_keys=True)
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -70,8 +80,17 @@ def save(
         "metadata": metadata or {},
     }
     text = json.dumps(record, indent=2, sort_keys=True)
-    atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
-    atomic_write(directory / CONFIG_FILE, lambda tmp: tmp.write_text(text))
+    header = {"format": FORMAT, "config": config_json}
+    weights_tmp = _staged(
+        directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=header)
+    )
+    try:
+        config_tmp = _staged(directory / CONFIG_FILE, lambda tmp: tmp.write_text(text))
+    except BaseException:
+        weights_tmp.unlink(missing_ok=True)
+        raise
+    os.replace(weights_tmp, directory / WEIGHTS_FILE)
+    os.replace(config_tmp, directory / CONFIG_FILE)
     return directory
 
 
@@ -93,7 +112,12 @@ def read_config(path: str | os.PathLike[str]) -> tuple[VectorTransformerConfig, 
             f"{file} has format_version {record['format_version']}; this vecinterp reads up to "
             f"{FORMAT_VERSION}: upgrade vecinterp"
         )
-    cfg = VectorTransformerConfig.from_dict(record["config"])
+    if not isinstance(record.get("config"), dict):
+        raise ValueError(f"{file} has no 'config' record")
+    try:
+        cfg = VectorTransformerConfig.from_dict(record["config"])
+    except ValueError as err:
+        raise ValueError(f"{file}: {err}") from None
     return cfg, record.get("metadata", {})
 
 
@@ -115,12 +139,19 @@ def load(
         raise FileNotFoundError(f"no {WEIGHTS_FILE} in {directory}")
     try:
         tensors = load_file(str(weights))
+        with safe_open(str(weights), framework="pt") as handle:
+            header = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"{weights} is not a readable safetensors file: {err}") from None
     dtypes = {t.dtype for t in tensors.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
     model = HookedVectorTransformer(cfg, seed=0, dtype=dtype)
     check_state_dict(model, tensors, source=str(weights))
+    if "config" in header and json.loads(header["config"]) != cfg.to_dict():
+        raise ValueError(
+            f"{weights} and {CONFIG_FILE} in {directory} come from different saves: "
+            "their configs differ"
+        )
     model.load_state_dict(tensors)
     return model.to(device) if device is not None else model
 

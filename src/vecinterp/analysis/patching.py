@@ -1,0 +1,422 @@
+"""Activation patching and the pseudoinverse QK patch.
+
+Activation patching asks *where* a difference between two inputs lives: run the model on
+the corrupted input, paste in the clean run's activation at one place (a "cell": a layer
+and position, a head, a head at one position, ...), and measure the output. Cells are
+swept in batches: the corrupted input is tiled once per cell and one forward pass patches
+a different cell in each copy, so a sweep over ``c`` cells costs ``ceil(c / chunk_size)``
+passes per hook point rather than ``c``.
+
+Unlike TransformerLens's patching helpers, the number of positions is read from
+``clean_x.shape[1]``, never from the last axis of the input (which is ``d_in`` here).
+"""
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from ..cache import act_name
+from ..hooks import HookFn, HookPoint
+from ..model import HookedVectorTransformer
+from ..model.processing import _copy
+from ..model.validation import check_input
+from ._validate import check_head, check_layer, check_model
+
+_HEAD_LEAVES = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z", "hook_result")
+"""Hook points laid out ``[batch, pos, n_heads, ...]``."""
+_DEST_LEAVES = ("hook_pattern", "hook_attn_scores")
+"""Hook points laid out ``[batch, n_heads, dest_pos, src_pos]``."""
+_BY = ("layer_pos", "layer", "head", "head_pos")
+_AUTO_SEQUENCES = 512
+"""With ``chunk_size=None``, a pass holds at most this many sequences (at least one copy)."""
+
+Metric = Callable[[torch.Tensor], Any]
+"""``metric(output [batch, pos, d_out]) -> scalar tensor`` (or a Python number)."""
+
+
+def patch_hook(clean_activation: torch.Tensor, index: tuple[int | slice, ...] = ()) -> HookFn:
+    """A forward hook that pastes ``clean_activation`` into one slice of an activation.
+
+    The hook returns a copy of the activation ``a`` with
+    ``a[:, *index] = clean_activation[:, *index]`` (the batch axis is always taken
+    whole); everything else is left as it was. Use it for single, hand-picked patches;
+    :func:`activation_patching` sweeps many cells in batched passes.
+
+    Args:
+        clean_activation: the clean run's activation, the same shape as the activation
+            the hook will see (e.g. ``cache["z", 1]`` ``[batch, pos, n_heads, d_head]``).
+        index: the slice after the batch axis, e.g. ``(3,)`` for position 3 of a
+            residual activation, ``(slice(None), 2)`` for head 2 of ``hook_z`` at every
+            position, ``(2, 3)`` for head 2's destination row 3 of ``hook_pattern``.
+
+    Returns:
+        ``fn(activation, hook) -> patched activation``.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.analysis.patching import patch_hook
+        >>> clean, act = torch.ones(2, 3, 4), torch.zeros(2, 3, 4)
+        >>> patch_hook(clean, (1,))(act, hook=None)[0, :, 0]
+        tensor([0., 1., 0.])
+    """
+    if not isinstance(clean_activation, torch.Tensor):
+        raise TypeError(f"clean_activation must be a tensor, got {type(clean_activation).__name__}")
+    where = (slice(None), *_as_index(index))
+
+    def hook(activation: torch.Tensor, hook: HookPoint | None) -> torch.Tensor:
+        if activation.shape != clean_activation.shape:
+            name = getattr(hook, "name", "?")
+            raise ValueError(
+                f"patch_hook at {name!r}: the clean activation has shape "
+                f"{tuple(clean_activation.shape)} but the activation has {tuple(activation.shape)}"
+            )
+        patched = activation.clone()
+        patched[where] = clean_activation[where].to(activation)
+        return patched
+
+    return hook
+
+
+def activation_patching(
+    model: HookedVectorTransformer,
+    clean_x: Float[torch.Tensor, "batch pos d_in"],
+    corrupted_x: Float[torch.Tensor, "_batch _pos _d_in"],
+    metric: Metric,
+    hook_name: str,
+    *,
+    by: str = "layer_pos",
+    clean_cache: Mapping[str, torch.Tensor] | None = None,
+    chunk_size: int | None = None,
+    progress: bool = True,
+) -> Float[torch.Tensor, "..."]:
+    """Run the corrupted input with one clean activation patched in per cell; measure each.
+
+    For every cell ``c`` (see ``by``), the patched run replaces, in the activation at
+    ``hook_name``, the slice that ``c`` names by the clean run's activation there, on the
+    whole batch, and records ``metric(patched output)``. Nothing else is changed, so
+    patching the entire ``resid_pre`` of a layer gives back exactly the clean output.
+
+    Cells (``pos`` is ``clean_x.shape[1]``; for ``pattern``/``attn_scores`` a position is
+    a destination position, i.e. one row of the pattern):
+
+    ==============  =====================================  ===========================
+    ``by``          cell                                   result per hook point
+    ==============  =====================================  ===========================
+    ``"layer_pos"`` one position (all heads, all features)  ``[pos]``
+    ``"layer"``     the whole activation                   ``[]``
+    ``"head"``      one head at every position             ``[n_heads]``
+    ``"head_pos"``  one head at one position               ``[n_heads, pos]``
+    ==============  =====================================  ===========================
+
+    ``"head"`` and ``"head_pos"`` need a per-head hook point: ``q``, ``k``, ``v``,
+    ``rot_q``, ``rot_k``, ``z``, ``result`` (``[batch, pos, n_heads, ...]``) or
+    ``pattern``, ``attn_scores`` (``[batch, n_heads, dest_pos, src_pos]``).
+
+    A short ``hook_name`` (``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``,
+    ``"attn_out"``, ``"mlp_out"``, ``"pre"``, ``"post"``, ``"z"``, ``"pattern"``, ...)
+    sweeps that hook point in every layer and prepends an ``n_layers`` axis: e.g.
+    ``[n_layers, pos]`` for ``by="layer_pos"``, ``[n_layers, n_heads]`` for ``"head"``,
+    ``[n_layers, n_heads, pos]`` for ``"head_pos"``, ``[n_layers]`` for ``"layer"``. A full
+    name (``"blocks.1.attn.hook_z"``, ``"hook_embed"``) sweeps that one hook point and has
+    no layer axis.
+
+    Batching: for each hook point, the corrupted batch is tiled ``k`` times (``k =
+    chunk_size`` cells per pass) and copy ``i`` patches cell ``i`` only, with a boolean
+    mask (``torch.where``, so unpatched values are copied bit for bit). Each copy's
+    output is then exactly what a single-cell run would give, up to the BLAS kernels'
+    summation order for different batch sizes (bit-identical in our float64 tests).
+    A pass never mixes hook points.
+
+    Args:
+        model: the model (not modified; the hooks are removed even on errors).
+        clean_x: the clean input ``[batch, pos, d_in]``.
+        corrupted_x: the corrupted input, the same shape as ``clean_x``.
+        metric: ``metric(output) -> scalar``, called once per cell on the patched output
+            ``[batch, pos, d_out]`` of that cell's copy (the same batch as ``clean_x``),
+            e.g. ``lambda y: vi.masked_mse(y, targets)``. It must return a tensor with one
+            element or a Python number.
+        hook_name: a short activation name (all layers) or a full hook name (one hook).
+        by: ``"layer_pos"`` (default), ``"layer"``, ``"head"`` or ``"head_pos"``.
+        clean_cache: the clean run's activations (an :class:`~vecinterp.ActivationCache`
+            or a dict keyed by full hook name); computed from ``clean_x`` when ``None``.
+        chunk_size: cells (copies of the batch) per forward pass, to bound memory;
+            ``None`` picks ``max(1, 512 // batch)``.
+        progress: show a progress bar over the forward passes.
+
+    Returns:
+        The metric per cell, shaped as in the table above (float, on the model's device).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.analysis.patching import activation_patching
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+        >>> clean, corrupted = torch.randn(4, 5, 3), torch.randn(4, 5, 3)
+        >>> metric = lambda y: y[:, -1].sum()
+        >>> activation_patching(model, clean, corrupted, metric, "resid_pre",
+        ...                     progress=False).shape
+        torch.Size([2, 5])
+        >>> activation_patching(model, clean, corrupted, metric, "z", by="head_pos",
+        ...                     progress=False).shape
+        torch.Size([2, 2, 5])
+    """
+    model = check_model(model)
+    check_input(clean_x, model.cfg, model.W_E)
+    if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
+        got = (
+            tuple(corrupted_x.shape)
+            if isinstance(corrupted_x, torch.Tensor)
+            else type(corrupted_x).__name__
+        )
+        raise ValueError(
+            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
+            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
+        )
+    check_input(corrupted_x, model.cfg, model.W_E)
+    if not callable(metric):
+        raise TypeError(f"metric must be callable, got {type(metric).__name__}")
+    if by not in _BY:
+        raise ValueError(f"by must be one of {_BY}, got {by!r}")
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    names, layered = _resolve_hook_names(model, hook_name)
+    layout = _layout(names[0])
+    if by in ("head", "head_pos") and layout == "position":
+        raise ValueError(
+            f"by={by!r} needs a per-head hook point (one of q, k, v, rot_q, rot_k, z, result, "
+            f"pattern, attn_scores), got {hook_name!r}; use by='layer_pos' or 'layer'"
+        )
+    batch, n_pos = clean_x.shape[0], clean_x.shape[1]
+    cells, cell_shape = _cells(layout, by, n_pos, model.cfg.n_heads)
+    k_max = max(1, _AUTO_SEQUENCES // batch) if chunk_size is None else chunk_size
+    with torch.no_grad():
+        clean_acts = _clean_activations(model, clean_x, names, clean_cache)
+        passes = [
+            (name, cells[start : start + k_max])
+            for name in names
+            for start in range(0, len(cells), k_max)
+        ]
+        values: list[torch.Tensor] = []
+        for name, chunk in tqdm(passes, desc="activation patching", disable=not progress):
+            values += _patched_pass(model, corrupted_x, metric, name, clean_acts[name], chunk)
+    result = torch.stack(values).reshape(len(names), *cell_shape)
+    return result if layered else result[0]
+
+
+def _as_index(index: object) -> tuple[int | slice, ...]:
+    if not isinstance(index, tuple) or not all(
+        isinstance(i, slice) or (isinstance(i, int) and not isinstance(i, bool)) for i in index
+    ):
+        raise TypeError(f"index must be a tuple of ints and slices, got {index!r}")
+    return index
+
+
+def _resolve_hook_names(
+    model: HookedVectorTransformer, hook_name: object
+) -> tuple[list[str], bool]:
+    """The full hook names to sweep, and whether there is one per layer."""
+    if not isinstance(hook_name, str):
+        raise TypeError(f"hook_name must be a str, got {type(hook_name).__name__}")
+    if "." in hook_name or hook_name.startswith("hook_"):
+        return [model.hook_point(hook_name).name], False
+    try:
+        names = [act_name(hook_name, layer) for layer in range(model.cfg.n_layers)]
+    except KeyError:
+        try:
+            return [model.hook_point(act_name(hook_name)).name], False
+        except KeyError:
+            raise ValueError(
+                f"unknown hook name {hook_name!r}: expected a short name such as 'resid_pre', "
+                "'resid_mid', 'resid_post', 'attn_out', 'mlp_out', 'q', 'k', 'v', 'z', "
+                "'result', 'pattern', 'attn_scores', or a full hook name such as "
+                "'blocks.0.hook_resid_pre'"
+            ) from None
+    return [model.hook_point(name).name for name in names], True
+
+
+def _layout(name: str) -> str:
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in _HEAD_LEAVES:
+        return "head"
+    if leaf in _DEST_LEAVES:
+        return "dest"
+    return "position"
+
+
+def _cells(
+    layout: str, by: str, n_pos: int, n_heads: int
+) -> tuple[list[tuple[int | slice, ...]], tuple[int, ...]]:
+    """Each cell as an index after the batch axis, in result order, and the result shape."""
+    every = slice(None)
+    if by == "layer":
+        return [()], ()
+    if by == "layer_pos":
+        # a position is axis 0 after the batch, except in [batch, n_heads, dest, src]
+        return [(every, p) if layout == "dest" else (p,) for p in range(n_pos)], (n_pos,)
+    if by == "head":
+        return [(h,) if layout == "dest" else (every, h) for h in range(n_heads)], (n_heads,)
+    cells = [(h, p) if layout == "dest" else (p, h) for h in range(n_heads) for p in range(n_pos)]
+    return cells, (n_heads, n_pos)
+
+
+def _clean_activations(
+    model: HookedVectorTransformer,
+    clean_x: torch.Tensor,
+    names: list[str],
+    clean_cache: Mapping[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    if clean_cache is None:
+        _, cache = model.run_with_cache(clean_x, names_filter=names)
+        return {name: cache[name] for name in names}
+    if not isinstance(clean_cache, Mapping):
+        raise TypeError(
+            f"clean_cache must be an ActivationCache or a dict, got {type(clean_cache).__name__}"
+        )
+    acts = {}
+    for name in names:
+        if name not in clean_cache:
+            raise ValueError(
+                f"clean_cache has no activation for {name!r}; run "
+                f"model.run_with_cache(clean_x) without a names_filter that excludes it"
+            )
+        acts[name] = clean_cache[name]
+    return acts
+
+
+def _patched_pass(
+    model: HookedVectorTransformer,
+    corrupted_x: torch.Tensor,
+    metric: Metric,
+    name: str,
+    clean: torch.Tensor,
+    chunk: Sequence[tuple[int | slice, ...]],
+) -> list[torch.Tensor]:
+    """One forward pass over ``len(chunk)`` copies of the corrupted batch, copy ``i``
+    patched at cell ``chunk[i]``; the metric of each copy."""
+    k, batch = len(chunk), corrupted_x.shape[0]
+    n_indexed = 1 if _layout(name) == "position" else 2
+
+    def hook(act: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        rest = act.shape[1:]
+        if clean.shape != (batch, *rest):
+            raise ValueError(
+                f"the clean activation at {name!r} has shape {tuple(clean.shape)}, expected "
+                f"{(batch, *rest)} like the corrupted run's"
+            )
+        mask = torch.zeros(k, *rest[:n_indexed], dtype=torch.bool, device=act.device)
+        for i, cell in enumerate(chunk):
+            mask[i][cell] = True
+        mask = mask.reshape(k, 1, *rest[:n_indexed], *[1] * (len(rest) - n_indexed))
+        tiled = act.reshape(k, batch, *rest)
+        return torch.where(mask, clean.to(act)[None], tiled).reshape(act.shape)
+
+    x = corrupted_x.repeat(k, 1, 1)
+    out = model.run_with_hooks(x, fwd_hooks=[(name, hook)])
+    out = out.reshape(k, batch, *out.shape[1:])
+    return [_scalar(metric(out[i]), out) for i in range(k)]
+
+
+def _scalar(value: object, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=like.dtype, device=like.device)
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        got = (
+            f"a tensor of shape {tuple(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise ValueError(f"metric must return a scalar (one-element tensor or number), got {got}")
+    return value.detach().reshape(()).to(like.device)
+
+
+def patch_qk_identity(
+    model: HookedVectorTransformer,
+    layer: int,
+    heads: int | Iterable[int] | str,
+    seed: int = 0,
+    *,
+    scale: float = 1.0,
+    zero_biases: bool = False,
+) -> HookedVectorTransformer:
+    """Replace the QK circuits of some heads by a low-rank approximation of the identity.
+
+    The pseudoinverse patch of Bhargav & Gu (2024, §4.6): a head's ``W_Q W_K^T`` is
+    ``d_model x d_model`` but has rank at most ``d_head``, so it cannot be the identity;
+    the closest it can be is a projection. For each patched head ``h``::
+
+        Q ~ N(0, 1)^{d_model x d_head}      (float64, seeded)
+        W_Q[h] <- scale * Q
+        W_K[h] <- pinv(Q)^T                  so  W_Q W_K^T = scale * Q pinv(Q)
+
+    ``Q pinv(Q)`` is the orthogonal projection onto the column space of ``Q``: symmetric,
+    idempotent, of rank ``min(d_head, d_model)``. The paper draws "a random matrix" and
+    says nothing more; any full-rank ``Q`` gives a projection and its scale cancels in
+    ``Q pinv(Q)``, so the distribution only matters through the subspace it spans — a
+    Gaussian ``Q`` spans a uniformly random ``d_head``-dimensional subspace. The paper
+    applies no scale (``scale=1``); the model still divides scores by ``sqrt(d_head)``.
+    Each head's ``Q`` comes from one generator seeded with ``seed`` that draws a ``Q``
+    for every head of the layer in order, so head ``h`` gets the same ``Q`` whichever
+    other heads are patched.
+
+    Biases: the paper patches ``W_Q`` and ``W_K`` only, so ``b_Q`` and ``b_K`` are kept
+    (``zero_biases=False``) and still add their terms to the scores; with
+    ``zero_biases=True`` they are set to zero, so the head's score is exactly
+    ``ln1(u) (scale · P) ln1(v)^T / sqrt(d_head)`` (before rotary, if any). The paper
+    analysed a model with LayerNorm folded (:func:`~vecinterp.fold_layer_norm`); patch
+    a folded model to match it. Every other weight is copied unchanged.
+
+    Args:
+        model: the model (not modified).
+        layer: the layer (negative counts from the end).
+        heads: a head index, an iterable of them, or ``"all"``.
+        seed: seed of the random ``Q``.
+        scale: multiplies the projection (``W_Q <- scale * Q``); the paper's is 1.
+        zero_biases: also set ``b_Q`` and ``b_K`` of the patched heads to zero.
+
+    Returns:
+        A new model.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.analysis.patching import patch_qk_identity
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+        >>> patched = patch_qk_identity(model, layer=1, heads=[0])
+        >>> P = patched.QK[1, 0].AB
+        >>> bool(torch.allclose(P @ P, P, atol=1e-5)), int(torch.linalg.matrix_rank(P))
+        (True, 4)
+    """
+    model = check_model(model)
+    layer = check_layer(model, layer)
+    cfg = model.cfg
+    if isinstance(heads, str):
+        if heads != "all":
+            raise ValueError(
+                f"heads must be a head index, an iterable of them or 'all', got {heads!r}"
+            )
+        chosen = list(range(cfg.n_heads))
+    else:
+        items = [heads] if isinstance(heads, int) else list(heads)
+        if not items:
+            raise ValueError("no heads selected")
+        chosen = sorted({check_head(model, h) for h in items})
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a number, got {type(scale).__name__}")
+    gen = torch.Generator().manual_seed(seed)
+    qs = torch.randn(cfg.n_heads, cfg.d_model, cfg.d_head, generator=gen, dtype=torch.float64)
+    new = _copy(model, cfg)
+    attn = new.blocks[layer].attn
+    with torch.no_grad():
+        for h in chosen:
+            q = qs[h]
+            attn.W_Q[h] = (scale * q).to(attn.W_Q)
+            attn.W_K[h] = torch.linalg.pinv(q).T.to(attn.W_K)
+            if zero_biases:
+                attn.b_Q[h] = 0.0
+                attn.b_K[h] = 0.0
+    return new
