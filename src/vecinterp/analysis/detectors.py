@@ -15,6 +15,7 @@ scores 1, and for one-hot targets the score lies in ``[0, 1]``.
 """
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from jaxtyping import Float
@@ -29,6 +30,7 @@ Patterns = (
     | ActivationCache
 )
 Scores = Float[torch.Tensor, " n_heads"] | Float[torch.Tensor, "n_layers n_heads"]
+T = TypeVar("T")
 KINDS = ("previous_position", "position_k", "induction", "pattern")
 
 
@@ -331,7 +333,7 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def _needed(value: object, name: str, kind: str) -> object:
+def _needed(value: T | None, name: str, kind: str) -> T:
     if value is None:
         raise ValueError(f"kind={kind!r} needs {name}=...")
     return value

@@ -102,14 +102,14 @@ def activation_patching(
     Cells (``pos`` is ``clean_x.shape[1]``; for ``pattern``/``attn_scores`` a position is
     a destination position, i.e. one row of the pattern):
 
-    ==============  =====================================  ===========================
-    ``by``          cell                                   result per hook point
-    ==============  =====================================  ===========================
-    ``"layer_pos"`` one position (all heads, all features)  ``[pos]``
-    ``"layer"``     the whole activation                   ``[]``
-    ``"head"``      one head at every position             ``[n_heads]``
-    ``"head_pos"``  one head at one position               ``[n_heads, pos]``
-    ==============  =====================================  ===========================
+    ===============  ========================================  ======================
+    ``by``           cell                                      result per hook point
+    ===============  ========================================  ======================
+    ``"layer_pos"``  one position (all heads, all features)    ``[pos]``
+    ``"layer"``      the whole activation                      ``[]``
+    ``"head"``       one head at every position                ``[n_heads]``
+    ``"head_pos"``   one head at one position                  ``[n_heads, pos]``
+    ===============  ========================================  ======================
 
     ``"head"`` and ``"head_pos"`` need a per-head hook point: ``q``, ``k``, ``v``,
     ``rot_q``, ``rot_k``, ``z``, ``result`` (``[batch, pos, n_heads, ...]``) or
@@ -260,7 +260,9 @@ def _cells(
         return [(every, p) if layout == "dest" else (p,) for p in range(n_pos)], (n_pos,)
     if by == "head":
         return [(h,) if layout == "dest" else (every, h) for h in range(n_heads)], (n_heads,)
-    cells = [(h, p) if layout == "dest" else (p, h) for h in range(n_heads) for p in range(n_pos)]
+    cells: list[tuple[int | slice, ...]] = [
+        (h, p) if layout == "dest" else (p, h) for h in range(n_heads) for p in range(n_pos)
+    ]
     return cells, (n_heads, n_pos)
 
 
@@ -410,7 +412,7 @@ def patch_qk_identity(
     gen = torch.Generator().manual_seed(seed)
     qs = torch.randn(cfg.n_heads, cfg.d_model, cfg.d_head, generator=gen, dtype=torch.float64)
     new = _copy(model, cfg)
-    attn = new.blocks[layer].attn
+    attn: Any = new.blocks[layer].attn  # an Attention module; nn.ModuleList erases the type
     with torch.no_grad():
         for h in chosen:
             q = qs[h]
