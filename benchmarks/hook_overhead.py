@@ -24,11 +24,14 @@ from vecinterp.testing import PlainTransformer
 PAPER = dict(d_in=40, d_model=128, d_head=64, n_heads=8, n_layers=3, d_mlp=3072, n_ctx=32)
 
 
+CLOCK = time.perf_counter
+
+
 def timed(fn, reps: int) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - start) / reps
+    return (CLOCK() - start) / reps
 
 
 def measure(batch: int, rounds: int) -> dict[str, float]:
@@ -64,12 +67,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="hook overhead vs plain PyTorch")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with the process CPU clock (steadier on a busy machine; use with --threads 1)",
+    )
     args = parser.parse_args()
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{platform.processor() or platform.machine()}, {args.rounds} rounds"
+        f"{platform.processor() or platform.machine()}, {args.rounds} rounds, "
+        f"{'process CPU' if args.cpu_time else 'wall'} clock"
     )
     print(
         f"{'batch':>5} {'plain ms':>9} {'ours ms':>8} {'forward':>8} {'cache ms':>9} {'cache':>7}"

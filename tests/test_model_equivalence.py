@@ -93,8 +93,8 @@ def test_variants_match_plain_transformer(overrides):
     assert max_abs_diff(y, plain_output(model, x)) <= 1e-10
 
 
-@pytest.mark.parametrize("n_pos", [1, 2, 5])
-@pytest.mark.parametrize("cfg", ALL_CFGS[::9], ids=cfg_id)
+@pytest.mark.parametrize("n_pos", [1, 4])
+@pytest.mark.parametrize("cfg", ALL_CFGS[::13], ids=cfg_id)
 def test_shorter_sequences_match_plain_transformer(cfg, n_pos):
     model = random_model(cfg)
     x = random_input(cfg, n_pos=n_pos, batch=2)
@@ -113,26 +113,27 @@ def test_shorter_sequence_is_a_prefix_of_the_full_causal_run():
     torch.testing.assert_close(short, full[:, :4], atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("cfg", [tiny_cfg(positional="rotary"), tiny_cfg(causal=False)], ids=cfg_id)
+@pytest.mark.parametrize(
+    "cfg", [tiny_cfg(positional="rotary"), tiny_cfg(causal=False, embed_bias=True)], ids=cfg_id
+)
 def test_every_parameter_reaches_the_output(cfg):
     """The equivalence above covers every weight: perturbing any one of them (except b_K,
-    which only shifts each query's scores by a constant without rotary) changes both
-    models' outputs, and by the same amount."""
+    which only shifts each query's scores by a constant without rotary) changes the
+    output, and the plain model built from the perturbed weights follows."""
     model = random_model(cfg)
-    x = random_input(cfg)
+    x = random_input(cfg, batch=2)
     with torch.no_grad():
         y = model(x)
-    for name, p in model.named_parameters():
-        if name.endswith("attn.b_K") and cfg.positional != "rotary":
-            continue
-        perturbed = random_model(cfg)
-        with torch.no_grad():
-            param = perturbed.get_parameter(name)
+        for name, param in model.named_parameters():
+            if name.endswith("attn.b_K") and cfg.positional != "rotary":
+                continue
+            original = param.clone()
             gen = torch.Generator().manual_seed(len(name))
             param.add_(0.1 * torch.randn(param.shape, generator=gen, dtype=F64))
-            y2 = perturbed(x)
-        assert max_abs_diff(y, y2) > 1e-6, name
-        assert max_abs_diff(y2, plain_output(perturbed, x)) <= 1e-10, name
+            y2 = model(x)
+            assert max_abs_diff(y, y2) > 1e-6, name
+            assert max_abs_diff(y2, plain_output(model, x)) <= 1e-10, name
+            param.copy_(original)
 
 
 def test_key_bias_is_irrelevant_without_rotary():
@@ -414,19 +415,21 @@ CAUSALITY_CFGS = ALL_CFGS[::7]
 
 
 @pytest.mark.parametrize("cfg", CAUSALITY_CFGS, ids=cfg_id)
-@pytest.mark.parametrize("t", [1, 4, 6])
-def test_causal_outputs_ignore_later_positions(cfg, t):
+def test_causal_outputs_ignore_later_positions(cfg):
     model = random_model(cfg)
-    x = random_input(cfg)
-    x2 = x.clone()
-    x2[:, t] += torch.linspace(-1, 2, cfg.d_in, dtype=F64)
+    x = random_input(cfg, batch=2)
     with torch.no_grad():
-        y, y2 = model(x), model(x2)
-    assert max_abs_diff(y[:, t], y2[:, t]) > 1e-6  # position t itself sees its input
-    if cfg.causal:
-        assert torch.equal(y[:, :t], y2[:, :t])
-    else:
-        assert (y[:, :t] - y2[:, :t]).abs().amax(dim=(0, 2)).min() > 1e-8
+        y = model(x)
+        for t in [1, 4, 6]:
+            x2 = x.clone()
+            x2[:, t] += torch.linspace(-1, 2, cfg.d_in, dtype=F64)
+            # separate calls of one shape: bitwise comparable (rows of one batch are not)
+            y2 = model(x2)
+            assert max_abs_diff(y[:, t], y2[:, t]) > 1e-6  # position t sees its own input
+            if cfg.causal:
+                assert torch.equal(y[:, :t], y2[:, :t])
+            else:
+                assert (y[:, :t] - y2[:, :t]).abs().amax(dim=(0, 2)).min() > 1e-8
 
 
 # -- determinism --------------------------------------------------------------------------

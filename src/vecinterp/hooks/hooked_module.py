@@ -43,7 +43,7 @@ class HookedModule(nn.Module):
             raise ValueError(_unknown_name_message(name, list(self.hook_dict))) from None
 
     def hook_names(self, names_filter: NameFilter = None) -> list[str]:
-        """The names ``names_filter`` selects, in module-registration order.
+        """The names ``names_filter`` selects, in the order they fire.
 
         Args:
             names_filter: ``None`` (all), a name, a list of names, or a predicate.

@@ -120,7 +120,8 @@ class HookedVectorTransformer(HookedModule):
             resid = resid + self.hook_pos_embed(self.pos_embed(batch, n_pos))
         if stop_at_layer is not None:
             if (
-                not isinstance(stop_at_layer, int)
+                isinstance(stop_at_layer, bool)
+                or not isinstance(stop_at_layer, int)
                 or not -self.cfg.n_layers <= stop_at_layer <= self.cfg.n_layers
             ):
                 raise ValueError(
@@ -196,7 +197,7 @@ class HookedVectorTransformer(HookedModule):
                     loss = loss_fn(out)  # type: ignore[misc]
                     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                         raise ValueError("loss_fn must return a scalar tensor")
-                    needing = [n for n in names if store[n].requires_grad]
+                    needing = [n for n in names if n in store and store[n].requires_grad]
                     if not needing:
                         raise ValueError(
                             "incl_bwd=True but no cached activation requires grad: "

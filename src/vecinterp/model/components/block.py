@@ -26,15 +26,16 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: VectorTransformerConfig):
         super().__init__()
+        # created in forward order, so that hook_dict lists hooks in the order they fire
+        self.hook_resid_pre = HookPoint()
         self.ln1 = _maybe_norm(cfg)
         self.attn = Attention(cfg)
-        self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.attn_only = cfg.attn_only
         if not cfg.attn_only:
+            self.hook_resid_mid = HookPoint()
             self.ln2 = _maybe_norm(cfg)
             self.mlp = MLP(cfg)
-            self.hook_resid_mid = HookPoint()
             self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
