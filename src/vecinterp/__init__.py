@@ -18,6 +18,8 @@ Axis names, used verbatim in every shape annotation:
 Vectors are rows and weights multiply on the right: ``resid @ W_Q``.
 """
 
+from .analysis import *  # noqa: F403 - the analysis API is public at the top level
+from .analysis import __all__ as _analysis_all
 from .cache import ActivationCache, act_name
 from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
@@ -34,6 +36,7 @@ from .model.processing import (
 __version__ = "0.1.0"
 
 __all__ = [
+    *_analysis_all,
     "ActivationCache",
     "FactoredMatrix",
     "HookHandle",

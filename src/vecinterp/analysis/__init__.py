@@ -1,1 +1,62 @@
-"""Analysis: circuits, attribution, ablation, patching, detectors, geometry."""
+"""Analysis: circuits and scores, direct attribution, ablation, patching, head detectors and
+geometry. Every function works on any :class:`~vecinterp.HookedVectorTransformer` and
+returns new tensors or models; none edits the model it is given."""
+
+from .attribution import DirectAttribution, direct_attribution, next_vector_targets
+from .circuits import full_ov_circuit, full_qk_circuit, ov_circuit, pos_qk_circuit, qk_circuit
+from .detectors import (
+    attention_patterns,
+    detect_heads,
+    induction_score,
+    induction_target,
+    pattern_score,
+    position_k_score,
+    position_k_target,
+    previous_position_score,
+    previous_position_target,
+    repeated_random_vectors,
+)
+from .geometry import (
+    LinearFit,
+    OVLinearity,
+    fit_line,
+    fraction_outside_embedding,
+    logit_lens,
+    ov_linearity,
+)
+from .patching import activation_patching, patch_hook, patch_qk_identity
+from .scores import CompositionBaseline, composition_baseline, composition_scores, eigenvalue_scores
+
+__all__ = [
+    "CompositionBaseline",
+    "DirectAttribution",
+    "LinearFit",
+    "OVLinearity",
+    "activation_patching",
+    "attention_patterns",
+    "composition_baseline",
+    "composition_scores",
+    "detect_heads",
+    "direct_attribution",
+    "eigenvalue_scores",
+    "fit_line",
+    "fraction_outside_embedding",
+    "full_ov_circuit",
+    "full_qk_circuit",
+    "induction_score",
+    "induction_target",
+    "logit_lens",
+    "next_vector_targets",
+    "ov_circuit",
+    "ov_linearity",
+    "patch_hook",
+    "patch_qk_identity",
+    "pattern_score",
+    "pos_qk_circuit",
+    "position_k_score",
+    "position_k_target",
+    "previous_position_score",
+    "previous_position_target",
+    "qk_circuit",
+    "repeated_random_vectors",
+]
