@@ -32,12 +32,30 @@ from .model.processing import (
     fold_value_biases,
     process_weights,
 )
+from .training import (
+    TrainHistory,
+    TrainingDivergedError,
+    TrainResult,
+    default_device,
+    evaluate,
+    latest_checkpoint,
+    lr_at,
+    train,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     *_analysis_all,
     "ActivationCache",
+    "TrainHistory",
+    "TrainResult",
+    "TrainingDivergedError",
+    "default_device",
+    "evaluate",
+    "latest_checkpoint",
+    "lr_at",
+    "train",
     "FactoredMatrix",
     "HookHandle",
     "HookPoint",

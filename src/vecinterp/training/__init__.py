@@ -1,0 +1,28 @@
+"""Training: one loop for every task (masked MSE, AdamW, checkpoints, exact resume).
+
+- :func:`train` — the loop; returns a :class:`TrainResult` with a :class:`TrainHistory`.
+- :func:`evaluate` — mean masked MSE over an evaluation set.
+- :func:`lr_at` — the warm-up + constant/cosine learning-rate schedule.
+- :func:`latest_checkpoint` — the newest checkpoint of a run (load its model with
+  ``vecinterp.load(path / "model")``).
+- :func:`default_device` — ``cuda`` if present, else ``cpu``.
+- :class:`TrainingDivergedError` — a NaN/inf loss, with the step.
+"""
+
+from .checkpoint import latest_checkpoint
+from .data import evaluate
+from .loop import train
+from .result import TrainHistory, TrainingDivergedError, TrainResult
+from .schedule import lr_at
+from .setup import default_device
+
+__all__ = [
+    "TrainHistory",
+    "TrainResult",
+    "TrainingDivergedError",
+    "default_device",
+    "evaluate",
+    "latest_checkpoint",
+    "lr_at",
+    "train",
+]

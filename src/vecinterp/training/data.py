@@ -1,0 +1,204 @@
+"""Batches and data sources for the training loop, and :func:`evaluate`.
+
+A *batch* is any object with ``.inputs``, ``.targets`` and ``.loss_mask`` attributes (such
+as :class:`vecinterp.tasks.affine_recurrence.AffineBatch`) or a tuple
+``(inputs, targets)`` / ``(inputs, targets, loss_mask)``; ``loss_mask=None`` scores every
+position.
+"""
+
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ..loss import masked_mse
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""A batch taken apart: ``(inputs, targets, loss_mask or None)``."""
+
+_BATCH_FORMS = (
+    "an object with .inputs, .targets and .loss_mask, or a tuple (inputs, targets[, loss_mask])"
+)
+
+
+def is_batch(obj: object) -> bool:
+    """Whether ``obj`` looks like ONE batch rather than a collection of batches."""
+    if all(hasattr(obj, name) for name in ("inputs", "targets")):
+        return True
+    return isinstance(obj, tuple) and 2 <= len(obj) <= 3 and isinstance(obj[0], torch.Tensor)
+
+
+def unpack_batch(batch: object, where: str = "batch") -> Tensors:
+    """``(inputs, targets, loss_mask)`` of ``batch``, with a clear error for anything else."""
+    if all(hasattr(batch, name) for name in ("inputs", "targets")):
+        parts = (batch.inputs, batch.targets, getattr(batch, "loss_mask", None))  # type: ignore[attr-defined]
+    elif isinstance(batch, tuple) and len(batch) in (2, 3):
+        parts = (batch[0], batch[1], batch[2] if len(batch) == 3 else None)
+    else:
+        raise TypeError(f"{where} must be {_BATCH_FORMS}; got {type(batch).__name__}")
+    inputs, targets, mask = parts
+    for name, t in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{where}: {name} must be a floating-point torch.Tensor, got {got}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool):
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"{where}: loss_mask must be a bool torch.Tensor or None, got {got}")
+    return inputs, targets, mask
+
+
+def to_model(parts: Tensors, dtype: torch.dtype, device: torch.device) -> Tensors:
+    """Move a batch to the model's device, its floats to the model's dtype."""
+    inputs, targets, mask = parts
+    return (
+        inputs.to(device=device, dtype=dtype),
+        targets.to(device=device, dtype=dtype),
+        None if mask is None else mask.to(device),
+    )
+
+
+def batch_loss(model: torch.nn.Module, parts: Tensors) -> torch.Tensor:
+    """The masked MSE of ``model`` on one batch already on its device and dtype."""
+    inputs, targets, mask = parts
+    return masked_mse(model(inputs), targets, mask)
+
+
+def fingerprint(parts: Tensors) -> str:
+    """A SHA-256 of a batch's shapes, dtypes and bytes: tells two data streams apart."""
+    digest = hashlib.sha256()
+    for t in parts:
+        if t is None:
+            digest.update(b"none")
+            continue
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class MakeBatchSource:
+    """Data from ``make_batch(step, generator)``: batch ``s`` depends on ``s`` and on the
+    state of one CPU generator seeded with ``seed``, which checkpoints save."""
+
+    kind = "make_batch"
+
+    def __init__(self, make_batch: Callable[[int, torch.Generator], Any], seed: int):
+        self.make_batch = make_batch
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def next(self, step: int) -> Tensors:
+        return unpack_batch(self.make_batch(step, self.generator), f"make_batch({step}, ...)")
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"data_generator": self.generator.get_state()}
+
+    def restore(self, step: int, tensors: dict[str, torch.Tensor], saved_fingerprint: str) -> None:
+        self.generator.set_state(tensors["data_generator"])
+
+
+class StreamSource:
+    """Data from an iterable: batch ``s`` is its ``s``-th item. A resumed run re-reads the
+    stream from its start and skips the batches already trained on."""
+
+    kind = "stream"
+
+    def __init__(self, data: Iterable[Any]):
+        self.iterator: Iterator[Any] = iter(data)
+
+    def next(self, step: int) -> Tensors:
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            raise ValueError(
+                f"data ran out at step {step}: it gave {step} batches in all (from the start)"
+                f" but more steps were asked for; pass an endless stream or fewer steps"
+            ) from None
+        return unpack_batch(batch, f"batch {step} of data")
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def restore(self, step: int, tensors: dict[str, torch.Tensor], saved_fingerprint: str) -> None:
+        last = None
+        for s in range(step):
+            last = self.next(s)
+        if last is not None and fingerprint(last) != saved_fingerprint:
+            raise ValueError(
+                f"batch {step - 1} of data differs from the one the checkpoint was trained on: "
+                "resuming needs the same data stream, re-created from its start (same "
+                "arguments and seed), not one that was already partly consumed"
+            )
+
+
+def as_batch_list(data: object, name: str = "data", n_batches: int | None = None) -> list[Any]:
+    """The batches of an evaluation set, with clear errors for what cannot be one."""
+    if n_batches is not None and (
+        isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 1
+    ):
+        raise ValueError(f"n_batches must be an int >= 1 or None, got {n_batches!r}")
+    if is_batch(data):
+        batches = [data]
+    elif isinstance(data, Iterable):
+        if iter(data) is data and n_batches is None:
+            raise ValueError(
+                f"{name} is an iterator, which may be endless (e.g. affine_recurrence.batches): "
+                "pass n_batches, or a list of batches"
+            )
+        batches = list(itertools.islice(data, n_batches))
+    else:
+        raise TypeError(
+            f"{name} must be a batch or an iterable of batches, got {type(data).__name__}"
+        )
+    if n_batches is not None:
+        batches = batches[:n_batches]
+    if not batches:
+        raise ValueError(f"{name} holds no batch")
+    return batches
+
+
+def evaluate(model: torch.nn.Module, data: Any, n_batches: int | None = None) -> float:
+    r"""The mean masked MSE of ``model`` over an evaluation set, each batch weighted equally.
+
+    .. math::
+        \mathcal{L} = \frac{1}{B} \sum_{b=1}^{B} \mathrm{MSE}_{\text{mask}}(f(x_b), t_b)
+
+    Runs under ``torch.no_grad()`` with the model in eval mode (restored afterwards). Batch
+    tensors are moved to the model's device and cast to its dtype.
+
+    Args:
+        model: a model mapping ``inputs [batch, pos, d_in]`` to ``[batch, pos, d_out]``.
+        data: one batch or an iterable of batches (``.inputs/.targets/.loss_mask`` objects
+            or tuples ``(inputs, targets[, loss_mask])``). An iterator needs ``n_batches``
+            (it may be endless).
+        n_batches: use only the first ``n_batches`` batches.
+
+    Returns:
+        The mean of the per-batch masked MSEs, as a float.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.training.data import evaluate
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> x = torch.zeros(3, 4, 2)
+        >>> evaluate(model, (x, model(x).detach() + 1.0))
+        1.0
+    """
+    batches = as_batch_list(data, "data", n_batches)
+    param = next(model.parameters())
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            losses = [
+                batch_loss(
+                    model,
+                    to_model(unpack_batch(b, f"batch {i} of data"), param.dtype, param.device),
+                )
+                for i, b in enumerate(batches)
+            ]
+    finally:
+        model.train(was_training)
+    return float(torch.stack(losses).mean())

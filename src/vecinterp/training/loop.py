@@ -1,0 +1,289 @@
+"""The training loop: masked MSE, AdamW, schedule, clipping, eval, checkpoints, resume."""
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..model.transformer import HookedVectorTransformer
+from .checkpoint import latest_checkpoint, prune, read_checkpoint, remove_partial, write_checkpoint
+from .data import (
+    MakeBatchSource,
+    StreamSource,
+    Tensors,
+    batch_loss,
+    fingerprint,
+    to_model,
+)
+from .result import TrainHistory, TrainingDivergedError, TrainResult
+from .schedule import check_schedule, lr_at
+from .setup import check_args, make_eval, make_source, resolve_device
+
+Data = Iterable[Any] | Callable[[int, torch.Generator], Any]
+"""Training data: an iterable of batches, or ``make_batch(step, generator) -> batch``."""
+
+
+def train(
+    model: HookedVectorTransformer,
+    data: Data,
+    *,
+    steps: int,
+    lr: float,
+    weight_decay: float = 0.01,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    min_lr: float = 0.0,
+    grad_clip: float | None = None,
+    eval_data: Any = None,
+    eval_every: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int | None = None,
+    keep_last: int | None = 2,
+    resume: bool = False,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    log_every: int = 50,
+    callback: Callable[[int, dict[str, float]], Any] | None = None,
+) -> TrainResult:
+    r"""Train ``model`` on ``data`` with the masked MSE and AdamW; checkpoint and resume.
+
+    Update ``s`` (``s = 0 .. steps - 1``) reads batch ``s``, computes
+    :math:`\mathcal{L}_s = \mathrm{MSE}_{\text{mask}}(f_\theta(x_s), t_s)`, clips the
+    gradient to total norm ``grad_clip`` (if given) and takes an AdamW step with learning
+    rate :func:`~vecinterp.training.schedule.lr_at` ``(s)`` (linear warm-up, then constant
+    or cosine). Training runs on a copy: ``model`` itself is left unchanged.
+
+    Data, in two forms:
+
+    - ``make_batch(step, generator) -> batch``: batch ``s`` depends only on ``s`` and a CPU
+      ``torch.Generator`` seeded with ``seed`` whose state checkpoints save. The exact and
+      cheap form to resume, e.g. ``lambda s, g: affine_recurrence.generate(16, generator=g)``.
+    - an iterable of batches, e.g. ``affine_recurrence.batches(16, seed=0)``; batch ``s``
+      is its ``s``-th item. To resume, pass the same stream re-created from its start: the
+      batches already trained on are drawn again and skipped (their cost is paid again),
+      and the last one is checked against a fingerprint saved in the checkpoint.
+
+    A batch is an object with ``.inputs [batch, pos, d_in]``, ``.targets [batch, pos,
+    d_out]`` and ``.loss_mask [batch, pos]`` (bool, or None for all positions), or a tuple
+    ``(inputs, targets[, loss_mask])``; floats are cast to the model's dtype and device.
+
+    Checkpoints (``checkpoint_dir/step_00000500/``: the state after 500 updates) hold the
+    model (:func:`vecinterp.save`), AdamW's state, the RNG states (torch's global CPU
+    generator, the data generator, CUDA's if used), the history and the config, as
+    safetensors + JSON (no pickle), written into a temporary directory and renamed into
+    place. One is written every ``checkpoint_every`` updates and after the last; the newest
+    ``keep_last`` are kept. ``resume=True`` continues from the newest (or starts afresh if
+    there is none) and ends bit-identical to an uninterrupted run on the same device. A
+    NaN/inf loss or gradient raises :class:`TrainingDivergedError` naming the step, before
+    the update, so earlier checkpoints hold the last good state.
+
+    Args:
+        model: the model to train (copied; not modified).
+        data: ``make_batch(step, generator)`` or an iterable of batches (see above).
+        steps: number of updates (>= 1).
+        lr: peak learning rate (> 0).
+        weight_decay: AdamW's decoupled weight decay (>= 0), on every parameter.
+        betas, eps: AdamW's moment decay rates (each in [0, 1)) and epsilon (> 0).
+        warmup_steps: linear warm-up length, ``0 .. steps``.
+        schedule: ``"constant"`` or ``"cosine"`` (decays to ``min_lr`` at ``steps``).
+        min_lr: the cosine's floor, ``0 .. lr``.
+        grad_clip: clip the total gradient norm to this (> 0); ``None``: no clipping.
+        eval_data: a batch, a list of batches (mean of per-batch MSEs, see
+            :func:`~vecinterp.training.data.evaluate`) or ``fn(model) -> float``;
+            evaluated before training, every ``eval_every`` updates and at the end.
+        eval_every: evaluation interval in updates (needs ``eval_data``).
+        checkpoint_dir: where checkpoints go; ``None``: none are written.
+        checkpoint_every: checkpoint interval in updates (needs ``checkpoint_dir``).
+        keep_last: how many checkpoints to keep (>= 1); ``None`` keeps all.
+        resume: continue from the newest checkpoint in ``checkpoint_dir``. The config
+            (model, dtype, optimizer, schedule, seed, data form; ``steps`` too unless the
+            schedule is constant) must match. With ``resume=False`` an existing checkpoint
+            is an error rather than overwritten.
+        seed: seeds the data generator of ``make_batch``.
+        device: ``None``: :func:`default_device`.
+        progress: show a tqdm bar with the running loss.
+        log_every: refresh the bar's running loss (mean of the last ``log_every`` losses)
+            every this many updates.
+        callback: ``callback(step, metrics)`` after each update, with ``metrics`` holding
+            ``loss``, ``lr``, ``grad_norm`` and, after an evaluation, ``eval_loss``. It must
+            not draw from torch's global RNG if resumed runs are to stay bit-identical.
+
+    Returns:
+        A :class:`~vecinterp.training.result.TrainResult` with the trained model, the
+        :class:`~vecinterp.training.result.TrainHistory` and the optimizer.
+
+    Raises:
+        ValueError, TypeError: for bad arguments, a checkpoint of another config, or data
+            that run out. FileExistsError: checkpoints exist and ``resume=False``.
+        TrainingDivergedError: a ``FloatingPointError`` for a non-finite loss.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.training.loop import train
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> def make_batch(step, gen):
+        ...     x = torch.randn(8, 4, 2, generator=gen)
+        ...     return x, -x
+        >>> result = train(model, make_batch, steps=30, lr=1e-2, progress=False, device="cpu")
+        >>> result.history.train_loss[-1] < result.history.train_loss[0]
+        True
+    """
+    check_args(model, steps, lr, weight_decay, betas, eps, grad_clip, eval_data, eval_every,
+               checkpoint_dir, checkpoint_every, keep_last, resume, seed, progress, log_every,
+               callback)  # fmt: skip
+    check_schedule(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr=min_lr)
+    dev = resolve_device(device)
+    source = make_source(data, seed)
+    run_eval = make_eval(eval_data)
+    dtype = next(model.parameters()).dtype
+    net = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
+    net.load_state_dict(model.state_dict())
+    net.train()
+    optimizer = torch.optim.AdamW(
+        net.parameters(), lr=lr, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay
+    )
+    config = {
+        "model": model.cfg.to_dict(), "dtype": str(dtype), "lr": lr,
+        "weight_decay": weight_decay, "betas": list(betas), "eps": eps,
+        "warmup_steps": warmup_steps, "schedule": schedule, "min_lr": min_lr,
+        "grad_clip": grad_clip, "data": source.kind, "steps": steps,
+        "seed": seed if source.kind == "make_batch" else None,
+    }  # fmt: skip
+    history, start, elapsed, checkpoint = TrainHistory(), 0, 0.0, None
+    ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if ckdir is not None:
+        remove_partial(ckdir)
+        checkpoint = latest_checkpoint(ckdir)
+        if checkpoint is not None and not resume:
+            raise FileExistsError(
+                f"{ckdir} already holds checkpoints (newest: {checkpoint.name}); pass "
+                "resume=True to continue that run, or use an empty checkpoint_dir"
+            )
+        if checkpoint is not None:
+            start, history, elapsed = _restore(checkpoint, config, net, optimizer, source, dev)
+
+    def save(done: int, last: Tensors) -> Path:
+        assert ckdir is not None
+        rng = {"torch_cpu": torch.get_rng_state(), **source.state()}
+        if dev.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(dev)
+        record = {
+            "config": config,
+            "data_fingerprint": fingerprint(last),
+            "elapsed": history.wall_time[-1],
+            "device": str(dev),
+        }
+        path = write_checkpoint(ckdir, done, net, optimizer, rng, history.to_tensors(), record)
+        prune(ckdir, keep_last)
+        return path
+
+    def evaluate_at(done: int) -> float:
+        assert run_eval is not None
+        value = run_eval(net)
+        if not math.isfinite(value):
+            raise TrainingDivergedError(done, "eval loss", value, checkpoint)
+        history.eval_steps.append(done)
+        history.eval_loss.append(value)
+        return value
+
+    params = [p for p in net.parameters() if p.requires_grad]
+    bar = tqdm(total=steps, initial=start, disable=not progress, desc="train", unit="step")
+    t0 = time.perf_counter() - elapsed
+    try:
+        if start == 0 and run_eval is not None:
+            evaluate_at(0)
+        for step in range(start, steps):
+            parts = source.next(step)
+            rate = lr_at(step, lr=lr, steps=steps, warmup_steps=warmup_steps,
+                         schedule=schedule, min_lr=min_lr)  # fmt: skip
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            optimizer.zero_grad(set_to_none=True)
+            loss = batch_loss(net, to_model(parts, dtype, dev))
+            loss.backward()
+            norm = _grad_norm(params, grad_clip)
+            loss_value, norm_value = torch.stack([loss.detach(), norm.to(loss.dtype)]).tolist()
+            if not math.isfinite(loss_value):
+                raise TrainingDivergedError(step, "loss", loss_value, checkpoint)
+            if not math.isfinite(norm_value):
+                raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
+            optimizer.step()
+            history.steps.append(step)
+            history.train_loss.append(loss_value)
+            history.lr.append(rate)
+            history.grad_norm.append(norm_value)
+            history.wall_time.append(time.perf_counter() - t0)
+            metrics = {"loss": loss_value, "lr": rate, "grad_norm": norm_value}
+            done = step + 1
+            if run_eval is not None and (done == steps or (eval_every and done % eval_every == 0)):
+                metrics["eval_loss"] = evaluate_at(done)
+            if ckdir is not None and (
+                done == steps or (checkpoint_every and done % checkpoint_every == 0)
+            ):
+                checkpoint = save(done, parts)
+            bar.update(1)
+            if done % log_every == 0 or done == steps:
+                window = history.train_loss[-log_every:]
+                postfix = {"loss": f"{sum(window) / len(window):.3e}"}
+                if history.eval_loss:
+                    postfix["eval"] = f"{history.eval_loss[-1]:.3e}"
+                bar.set_postfix(postfix, refresh=False)
+            if callback is not None:
+                callback(step, metrics)
+    finally:
+        bar.close()
+    return TrainResult(net, history, optimizer, dev, checkpoint)
+
+
+def _grad_norm(params: list[torch.nn.Parameter], grad_clip: float | None) -> torch.Tensor:
+    """Total L2 norm of the gradients before clipping; clips them if ``grad_clip``."""
+    if grad_clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+def _restore(
+    path: Path,
+    config: dict[str, Any],
+    net: HookedVectorTransformer,
+    optimizer: torch.optim.Optimizer,
+    source: MakeBatchSource | StreamSource,
+    dev: torch.device,
+) -> tuple[int, TrainHistory, float]:
+    """Load a checkpoint into ``net``, ``optimizer``, ``source`` and the RNGs."""
+    saved = read_checkpoint(path)
+    record = saved["record"]
+    before = record["config"]
+    ignore = {"steps"} if config["schedule"] == before.get("schedule") == "constant" else set()
+    differ = sorted(
+        k for k in set(config) | set(before) if k not in ignore and config.get(k) != before.get(k)
+    )
+    if differ:
+        details = "; ".join(
+            f"{k}: checkpoint {before.get(k)!r}, now {config.get(k)!r}" for k in differ
+        )
+        raise ValueError(
+            f"cannot resume from {path}: it was trained with a different config ({details})"
+        )
+    step = record["step"]
+    if step > config["steps"]:
+        raise ValueError(
+            f"cannot resume from {path}: it is at step {step} > steps={config['steps']}"
+        )
+    net.load_state_dict(saved["model"].state_dict())
+    optimizer.load_state_dict(saved["optimizer"])
+    source.restore(step, saved["rng"], record["data_fingerprint"])
+    torch.set_rng_state(saved["rng"]["torch_cpu"])
+    if dev.type == "cuda" and "cuda" in saved["rng"]:
+        torch.cuda.set_rng_state(saved["rng"]["cuda"], dev)
+    return step, TrainHistory.from_tensors(saved["history"]), float(record["elapsed"])

@@ -1,0 +1,101 @@
+"""What :func:`vecinterp.training.train` returns, and the error it raises on divergence."""
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from ..model.transformer import HookedVectorTransformer
+
+_PER_STEP = ("steps", "train_loss", "lr", "grad_norm", "wall_time")
+_PER_EVAL = ("eval_steps", "eval_loss")
+
+
+@dataclasses.dataclass
+class TrainHistory:
+    """The loss history of a run, as plain lists ready to plot.
+
+    Step ``s`` is the update that reads batch ``s`` (0-based); "the state at step ``s``"
+    is the model after ``s`` updates.
+
+    Attributes:
+        steps: ``0, 1, ..., steps - 1``, one entry per update.
+        train_loss: masked MSE of batch ``s`` under the weights before update ``s``.
+        lr: the learning rate used by update ``s``.
+        grad_norm: total L2 norm of the gradient of update ``s``, before clipping.
+        wall_time: seconds since the run started (summed over resumed segments) at the end
+            of update ``s``.
+        eval_steps: the states that were evaluated, as numbers of updates done
+            (``0`` is the initial model, ``steps`` the final one).
+        eval_loss: the evaluation loss at each of ``eval_steps``.
+
+    Example:
+        >>> from vecinterp.training.result import TrainHistory
+        >>> TrainHistory().train_loss
+        []
+    """
+
+    steps: list[int] = dataclasses.field(default_factory=list)
+    train_loss: list[float] = dataclasses.field(default_factory=list)
+    lr: list[float] = dataclasses.field(default_factory=list)
+    grad_norm: list[float] = dataclasses.field(default_factory=list)
+    wall_time: list[float] = dataclasses.field(default_factory=list)
+    eval_steps: list[int] = dataclasses.field(default_factory=list)
+    eval_loss: list[float] = dataclasses.field(default_factory=list)
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """The history as int64 / float64 vectors (for checkpoints; exact round trip)."""
+        out = {}
+        for name in _PER_STEP + _PER_EVAL:
+            dtype = torch.int64 if name.endswith("steps") else torch.float64
+            out[name] = torch.tensor(getattr(self, name), dtype=dtype)
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "TrainHistory":
+        """Inverse of :meth:`to_tensors`."""
+        return cls(**{name: tensors[name].tolist() for name in _PER_STEP + _PER_EVAL})
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """The outcome of :func:`vecinterp.training.train`.
+
+    Attributes:
+        model: the trained model (a new model; the one passed in is left unchanged).
+        history: the :class:`TrainHistory`.
+        optimizer: the AdamW optimizer, in its final state.
+        device: where the model was trained.
+        checkpoint: the newest checkpoint written (or resumed from), or ``None``.
+    """
+
+    model: HookedVectorTransformer
+    history: TrainHistory
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    checkpoint: Path | None = None
+
+
+class TrainingDivergedError(FloatingPointError):
+    """Raised when a loss or gradient norm turns NaN or infinite; names the step.
+
+    The failing update is not applied, so the model, and every checkpoint already
+    written, hold the last good state.
+
+    Attributes:
+        step: the step whose loss (or gradient) was not finite.
+        quantity: what was not finite (``"loss"``, ``"gradient norm"``, ``"eval loss"``).
+        value: the non-finite value.
+        checkpoint: the newest checkpoint (the one to resume from), or ``None``.
+    """
+
+    def __init__(self, step: int, quantity: str, value: float, checkpoint: Path | None):
+        self.step, self.quantity, self.value, self.checkpoint = step, quantity, value, checkpoint
+        kept = (
+            f"; the last good checkpoint, {checkpoint}, is kept" if checkpoint is not None else ""
+        )
+        super().__init__(
+            f"training diverged: the {quantity} is {value} at step {step}; stopped before "
+            f"updating the weights{kept}. Try a lower lr, warmup_steps or grad_clip, and "
+            "check the data for NaN/inf"
+        )

@@ -1,0 +1,128 @@
+"""Argument checks and the set-up of a training run: device, data source, evaluation."""
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+from ..model.transformer import HookedVectorTransformer
+from .data import MakeBatchSource, StreamSource, as_batch_list, evaluate, is_batch
+from .schedule import check_int, check_positive
+
+
+def default_device() -> torch.device:
+    """``cuda`` if a CUDA GPU is available, else ``cpu``.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.training.setup import default_device
+        >>> default_device() == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        True
+    """
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_source(data: object, seed: int) -> MakeBatchSource | StreamSource:
+    if is_batch(data):
+        raise TypeError(
+            "data is a single batch; pass an iterable of batches (itertools.repeat(batch) "
+            "trains on one batch again and again) or make_batch(step, generator)"
+        )
+    if isinstance(data, Iterable):
+        return StreamSource(data)
+    if callable(data):
+        return MakeBatchSource(data, seed)
+    raise TypeError(
+        "data must be an iterable of batches or a callable make_batch(step, generator) -> "
+        f"batch, got {type(data).__name__}"
+    )
+
+
+def make_eval(eval_data: object) -> Callable[[torch.nn.Module], float] | None:
+    if eval_data is None:
+        return None
+    if callable(eval_data) and not is_batch(eval_data) and not isinstance(eval_data, Iterable):
+
+        def run(model: torch.nn.Module) -> float:
+            value = eval_data(model)
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"eval_data(model) must return a number, got {type(value).__name__}"
+                )
+            return float(value)
+
+        return run
+    if (
+        isinstance(eval_data, Iterable)
+        and not is_batch(eval_data)
+        and (iter(eval_data) is eval_data)
+    ):
+        raise ValueError(
+            "eval_data is an iterator, which would be used up by the first evaluation: pass a "
+            "list of batches (e.g. affine_recurrence.fixed_eval_set(...)) or fn(model) -> float"
+        )
+    batches = as_batch_list(eval_data, "eval_data")
+    return lambda model: evaluate(model, batches)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but CUDA is not available here")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def check_args(
+    model: object, steps: object, lr: object, weight_decay: object, betas: object,
+    eps: object, grad_clip: object, eval_data: object, eval_every: object,
+    checkpoint_dir: object, checkpoint_every: object, keep_last: object, resume: object,
+    seed: object, progress: object, log_every: object, callback: object,
+) -> None:  # fmt: skip
+    if not isinstance(model, HookedVectorTransformer):
+        raise TypeError(f"model must be a HookedVectorTransformer, got {type(model).__name__}")
+    check_int("steps", steps, minimum=1)
+    check_positive("lr", lr)
+    if not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+    if (
+        not isinstance(betas, (tuple, list))
+        or len(betas) != 2
+        or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
+    ):
+        raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
+    check_positive("eps", eps)
+    if grad_clip is not None:
+        check_positive("grad_clip", grad_clip)
+    if eval_every is not None:
+        check_int("eval_every", eval_every, minimum=1)
+        if eval_data is None:
+            raise ValueError("eval_every needs eval_data (a list of batches or fn(model))")
+    if checkpoint_every is not None:
+        check_int("checkpoint_every", checkpoint_every, minimum=1)
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs checkpoint_dir (where to write them)")
+    if keep_last is not None:
+        check_int("keep_last", keep_last, minimum=1)
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be True or False, got {resume!r}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False, got {progress!r}")
+    check_int("log_every", log_every, minimum=1)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable(step, metrics), got {type(callback).__name__}")
