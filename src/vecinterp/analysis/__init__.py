@@ -2,6 +2,17 @@
 geometry. Every function works on any :class:`~vecinterp.HookedVectorTransformer` and
 returns new tensors or models; none edits the model it is given."""
 
+from .ablation import (
+    ablate,
+    ablate_heads,
+    ablate_patterns,
+    head_ablation_sweep,
+    mean_ablation_hook,
+    mean_activations,
+    pattern_ablation_hook,
+    resample_ablation_hook,
+    zero_ablation_hook,
+)
 from .attribution import DirectAttribution, direct_attribution, next_vector_targets
 from .circuits import full_ov_circuit, full_qk_circuit, ov_circuit, pos_qk_circuit, qk_circuit
 from .detectors import (
@@ -28,6 +39,15 @@ from .patching import activation_patching, patch_hook, patch_qk_identity
 from .scores import CompositionBaseline, composition_baseline, composition_scores, eigenvalue_scores
 
 __all__ = [
+    "ablate",
+    "ablate_heads",
+    "ablate_patterns",
+    "head_ablation_sweep",
+    "mean_ablation_hook",
+    "mean_activations",
+    "pattern_ablation_hook",
+    "resample_ablation_hook",
+    "zero_ablation_hook",
     "CompositionBaseline",
     "DirectAttribution",
     "LinearFit",

@@ -64,7 +64,10 @@ KINDS = ("zero", "mean", "resample")
 PATTERN_KINDS = ("uniform", "identity", "previous")
 _HEAD_HOOKS = ("z", "result")
 _ROW_SUM_TOL = 1e-5  # how far a given attention map's rows may sum from 1
-_SWEEP_ELEMENTS = 2**25  # default sweep chunk: widest activation of a pass ≲ this many numbers
+# default sweep chunk: the widest activation of a pass holds about this many numbers. On CPU
+# larger passes fall out of cache and run slower per row; accelerators like them large.
+_SWEEP_ELEMENTS = {"cpu": 2**22}
+_SWEEP_ELEMENTS_ACCELERATOR = 2**27
 
 Population = torch.Tensor | Mapping[str, torch.Tensor]
 """A population batch of inputs ``[n, pos, d_in]``, or the means
@@ -78,7 +81,9 @@ Metric = Callable[[torch.Tensor, torch.Tensor], Any]
 
 
 def _check_choice(value: object, allowed: tuple[str, ...], what: str) -> str:
-    if not isinstance(value, str) or value not in allowed:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, one of {allowed}, got {type(value).__name__}")
+    if value not in allowed:
         raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
     return value
 
@@ -661,7 +666,7 @@ def ablate_patterns(
     fwd_hooks = []
     for key, kind in patterns.items():
         if not isinstance(key, tuple | list) or len(key) != 2:
-            raise ValueError(f"each key of patterns must be a (layer, head) pair, got {key!r}")
+            raise TypeError(f"each key of patterns must be a (layer, head) pair, got {key!r}")
         layer, head = check_layer(model, key[0]), check_head(model, key[1])
         given = _check_pattern_kind(kind)
         if isinstance(given, torch.Tensor):
@@ -733,14 +738,21 @@ def head_ablation_sweep(
     computed in batched passes.
 
     ``y^{-(l,h)}`` is ``ablate_heads(model, x, (l, h), kind, ...)``. Instead of one forward
-    pass per head, the heads of a layer are taken ``k = chunk_size`` at a time: the batch
-    is tiled ``k`` times (copy ``c`` ablates head ``h_c``) and one pass runs, whose hook on
-    the layer's ``hook_z`` replaces head ``h_c``'s slice in copy ``c`` only (a per-copy
-    mask ``[k, n_heads]``). The pass starts at the ablated layer, from the residual stream
-    of one unablated pass (which also gives the baseline), as every copy is the same
-    before it. The result equals the loop over :func:`ablate_heads` up to rounding: each
-    copy's arithmetic is the same, but matrix products over ``k·batch`` rows instead of
-    ``batch`` may differ in the last bit (in float64 the two agree to ~1e-15).
+    pass per head, ``k ≤ chunk_size`` heads share a pass: the batch is tiled ``k`` times
+    (copy ``c`` ablates head ``(l_c, h_c)``) and each ablated layer's hook on ``hook_z``
+    replaces head ``h_c``'s slice in copy ``c`` only (a per-copy mask ``[k, n_heads]`` per
+    layer). Heads are packed in (layer, head) order, the heads of one layer kept in one
+    pass when they fit. A pass starts at the first layer it ablates, from the residual
+    stream of one unablated pass (which also gives the baseline), since every copy is the
+    same before it. The result equals the loop over :func:`ablate_heads` up to rounding:
+    each copy's arithmetic is the same, but a matrix product over ``k·batch`` rows may
+    round differently in the last bit than one over ``batch`` rows (in float64 the two
+    agree to about 1e-15, usually exactly).
+
+    Cost: a head of layer ``l`` costs ``n_layers - l`` layers of the batch (from its
+    pass's first layer), not ``n_layers``; the rest of the gain is from larger batches,
+    which helps most where a forward pass is dominated by per-call costs (accelerators,
+    small models) and little where matrix products dominate (large models on a CPU).
 
     Args:
         model: the model (not modified).
@@ -753,9 +765,11 @@ def head_ablation_sweep(
             tensor or a float. Default: ``masked_mse(output, targets, loss_mask)``.
         loss_mask: ``[batch, pos]`` or ``[pos]`` for the default metric only.
         heads: which heads to sweep (as in :func:`ablate_heads`); others score NaN.
-        chunk_size: copies per pass (≥ 1; values above ``n_heads`` mean one pass per
-            layer). Default: as many as keep the widest activation of a pass at about
-            2^25 numbers (128 MiB in float32), at most ``n_heads``.
+        chunk_size: copies per pass (≥ 1; the number of heads or more: one pass).
+            Default: as many as keep the widest activation of a pass (e.g. the
+            MLP's ``[k·batch, pos, d_mlp]``) at about 2^22 numbers on CPU (16 MiB in
+            float32: larger passes fall out of cache and run slower per row) or 2^27 on an
+            accelerator; at least 1, at most the number of heads swept.
         progress: show a progress bar over the passes.
         hook: ``"z"`` or ``"result"``, as in :func:`ablate_heads`.
         resample_source: as in :func:`ablate_heads`.
@@ -783,11 +797,10 @@ def head_ablation_sweep(
     hook = _check_choice(hook, _HEAD_HOOKS, "hook")
     check_input(x, model.cfg, model.W_E)
     batch, n_pos, _ = x.shape
-    if not isinstance(targets, torch.Tensor) or targets.shape != (batch, n_pos, model.cfg.d_out):
+    d_out = model.W_U.shape[1]
+    if not isinstance(targets, torch.Tensor) or targets.shape != (batch, n_pos, d_out):
         got = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise ValueError(
-            f"targets must be [batch, pos, d_out]={(batch, n_pos, model.cfg.d_out)}, got {got}"
-        )
+        raise ValueError(f"targets must be [batch, pos, d_out]={(batch, n_pos, d_out)}, got {got}")
     if metric is None:
 
         def metric(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -798,7 +811,7 @@ def head_ablation_sweep(
     elif not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")
     if chunk_size is None:
-        chunk_size = _default_chunk_size(model, batch, n_pos, hook)
+        chunk_size = _default_chunk_size(model, batch, n_pos, hook, x.device, len(pairs))
     elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
@@ -806,11 +819,6 @@ def head_ablation_sweep(
     for layer, head in pairs:
         by_layer.setdefault(layer, []).append(head)
     names = {layer: f"blocks.{layer}.attn.hook_{hook}" for layer in by_layer}
-    chunks = [
-        (layer, hs[i : i + chunk_size])
-        for layer, hs in by_layer.items()
-        for i in range(0, len(hs), chunk_size)
-    ]
     cfg = model.cfg
     scores = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=model.W_E.dtype)
     with torch.no_grad():
@@ -823,18 +831,27 @@ def head_ablation_sweep(
             layer: _fit_replacement(kind, values[name], act_shape, x, name)
             for layer, name in names.items()
         }
-        resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in by_layer]
-        clean, cache = model.run_with_cache(x, names_filter=resid_names)
+        chunks = _pack_heads(by_layer, chunk_size)
+        starts = sorted({chunk[0][0] for chunk in chunks})
+        resid_names = {layer: f"blocks.{layer}.hook_resid_pre" for layer in starts}
+        clean, cache = model.run_with_cache(x, names_filter=list(resid_names.values()))
         baseline = _scalar(metric(clean, targets))
-        for layer, chunk in tqdm(chunks, desc="head ablation sweep", disable=not progress):
-            k = len(chunk)
-            mask = torch.zeros(k, cfg.n_heads, dtype=torch.bool, device=x.device)
-            mask[torch.arange(k), torch.tensor(chunk)] = True
-            resid = cache[resid_names[list(by_layer).index(layer)]].repeat(k, 1, 1)
-            with model.hooks(fwd_hooks=[(names[layer], _sweep_hook(mask, repl[layer]))]):
-                out = _run_from_layer(model, resid, layer)
-            out = out.reshape(k, batch, n_pos, cfg.d_out)
-            for c, head in enumerate(chunk):
+        for chunk in tqdm(chunks, desc="head ablation sweep", disable=not progress):
+            k, start = len(chunk), chunk[0][0]
+            masks: dict[int, torch.Tensor] = {}
+            for c, (layer, head) in enumerate(chunk):
+                if layer not in masks:
+                    masks[layer] = torch.zeros(k, cfg.n_heads, dtype=torch.bool)
+                masks[layer][c, head] = True
+            fwd_hooks = [
+                (names[layer], _sweep_hook(mask.to(x.device), repl[layer]))
+                for layer, mask in masks.items()
+            ]
+            resid = cache[resid_names[start]].repeat(k, 1, 1)
+            with model.hooks(fwd_hooks=fwd_hooks):
+                out = _run_from_layer(model, resid, start)
+            out = out.reshape(k, batch, n_pos, d_out)
+            for c, (layer, head) in enumerate(chunk):
                 scores[layer, head] = _scalar(metric(out[c], targets))
     scores = scores.to(x.device)
     if return_baseline:
@@ -842,14 +859,39 @@ def head_ablation_sweep(
     return scores
 
 
-def _default_chunk_size(model: HookedVectorTransformer, batch: int, n_pos: int, hook: str) -> int:
+def _pack_heads(by_layer: dict[int, list[int]], chunk_size: int) -> list[list[tuple[int, int]]]:
+    """Chunks of at most ``chunk_size`` heads in (layer, head) order; a layer's heads join
+    the current chunk only if all fit (else they start a new one, split if too many)."""
+    chunks: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    for layer, heads in by_layer.items():
+        pending = [(layer, head) for head in heads]
+        if current and len(current) + len(pending) > chunk_size:
+            chunks.append(current)
+            current = []
+        while len(current) + len(pending) > chunk_size:
+            chunks.append(pending[:chunk_size])
+            pending = pending[chunk_size:]
+        current += pending
+    return [*chunks, current] if current else chunks
+
+
+def _default_chunk_size(
+    model: HookedVectorTransformer,
+    batch: int,
+    n_pos: int,
+    hook: str,
+    device: torch.device,
+    n_heads: int,
+) -> int:
     cfg = model.cfg
     width = max(
         cfg.d_model,
-        cfg.d_out,
+        model.W_U.shape[1],
         cfg.n_heads * cfg.d_head,
         cfg.n_heads * n_pos,  # attention scores and pattern
-        0 if cfg.attn_only else cfg.d_mlp,
+        0 if cfg.attn_only or cfg.d_mlp is None else cfg.d_mlp,
         cfg.n_heads * cfg.d_model if hook == "result" else 0,
     )
-    return max(1, min(cfg.n_heads, _SWEEP_ELEMENTS // (batch * n_pos * width)))
+    budget = _SWEEP_ELEMENTS.get(device.type, _SWEEP_ELEMENTS_ACCELERATOR)
+    return max(1, min(n_heads, budget // (batch * n_pos * width)))
