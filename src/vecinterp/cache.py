@@ -67,14 +67,36 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
     raise KeyError(f"unknown short activation name {name!r}; known: {known}")
 
 
+def _head_results(model: "HookedVectorTransformer", layer: int, z: torch.Tensor) -> torch.Tensor:
+    w_o = model.blocks[layer].attn.W_O.detach().to(z.device)
+    return einsum(
+        z, w_o, "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model"
+    )
+
+
+def _mlp_post(model: "HookedVectorTransformer", layer: int, pre: torch.Tensor) -> torch.Tensor:
+    return model.blocks[layer].mlp.act_fn(pre)
+
+
+DERIVABLE = {
+    ".attn.hook_result": (".attn.hook_z", _head_results),
+    ".mlp.hook_post": (".mlp.hook_pre", _mlp_post),
+}
+"""Activations that ``run_with_cache(names_filter=None)`` leaves out because the cache
+recomputes them on first access from another cached one: per-head results
+``z_h W_O[h]`` from ``hook_z`` (``n_heads`` times the size of ``attn_out``) and the MLP's
+``act_fn(hook_pre)`` (the largest activation of a block). Not storing them saves the
+memory traffic that dominates caching on CPU."""
+
+
 class ActivationCache(Mapping[str, torch.Tensor]):
     """The activations of one forward pass, keyed by hook name.
 
     Index with a full name (``cache["blocks.0.attn.hook_pattern"]``) or a short one
     (``cache["pattern", 0]``, ``cache["resid_post", -1]``, ``cache["scale", 1, "ln2"]``,
     ``cache["embed"]``). Gradients cached with ``incl_bwd`` sit under ``name + "_grad"``.
-    Per-head results (``cache["result", l]``) are derived from ``hook_z`` and ``W_O`` on
-    first access when they were not cached.
+    Activations in :data:`DERIVABLE` (per-head results, the MLP's post-activation) are
+    recomputed on first access when they were not cached.
 
     Args:
         cache_dict: hook name to tensor.
@@ -114,21 +136,19 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             ) from None
 
     def _derive(self, full: str) -> torch.Tensor | None:
-        """``attn.hook_result`` from the cached ``hook_z`` (stored once computed)."""
-        if not full.endswith(".attn.hook_result"):
-            return None
-        z_name = full.replace(".hook_result", ".hook_z")
-        if z_name not in self.cache_dict:
-            return None
-        layer = int(full.split(".")[1])
-        z = self.cache_dict[z_name]
-        result = einsum(
-            z,
-            self.model.blocks[layer].attn.W_O.detach().to(z.device),
-            "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model",
-        )
-        self.cache_dict[full] = result
-        return result
+        """An activation that was not cached but follows exactly from one that was
+        (see :data:`DERIVABLE`); stored once computed."""
+        for suffix, (source_suffix, _) in DERIVABLE.items():
+            if full.endswith(suffix):
+                source = full[: -len(suffix)] + source_suffix
+                if source not in self.cache_dict:
+                    return None
+                layer = int(full.split(".")[1])
+                derive = DERIVABLE[suffix][1]
+                value = derive(self.model, layer, self.cache_dict[source])
+                self.cache_dict[full] = value
+                return value
+        return None
 
     def __contains__(self, key: object) -> bool:
         try:
@@ -137,8 +157,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             return False
         if full in self.cache_dict:
             return True
-        return full.endswith(".attn.hook_result") and (
-            full.replace(".hook_result", ".hook_z") in self.cache_dict
+        return any(
+            full.endswith(suffix) and full[: -len(suffix)] + source in self.cache_dict
+            for suffix, (source, _) in DERIVABLE.items()
         )
 
     def __iter__(self) -> Iterator[str]:

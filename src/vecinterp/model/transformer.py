@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..cache import ActivationCache
 
 RETURN_TYPES = ("output", "loss", "both")
+# activations the cache recomputes from others (kept in step with cache.DERIVABLE)
+DERIVABLE_SUFFIXES = (".attn.hook_result", ".mlp.hook_post")
 
 
 class HookedVectorTransformer(HookedModule):
@@ -158,8 +160,9 @@ class HookedVectorTransformer(HookedModule):
 
         Args:
             x: input vectors ``[batch, pos, d_in]``.
-            names_filter: ``None`` (every hook but ``attn.hook_result``, which the cache
-                derives from ``hook_z`` when asked for it), a name, a list of names, or a
+            names_filter: ``None`` (every hook but ``attn.hook_result`` and
+                ``mlp.hook_post``, which the cache recomputes from ``hook_z`` and
+                ``hook_pre`` when asked for them), a name, a list of names, or a
                 predicate.
             incl_bwd: also cache the gradient of ``loss_fn(output)`` with respect to each
                 selected activation, under ``name + "_grad"``. Uses ``torch.autograd.grad``,
@@ -177,8 +180,8 @@ class HookedVectorTransformer(HookedModule):
 
         names = self.hook_names(names_filter)
         if names_filter is None:
-            # per-head results cost n_heads x attn_out; the cache derives them from hook_z
-            names = [n for n in names if not n.endswith(".attn.hook_result")]
+            # what the cache can recompute exactly is not stored (cache.DERIVABLE)
+            names = [n for n in names if not n.endswith(DERIVABLE_SUFFIXES)]
         if incl_bwd and loss_fn is None:
             raise ValueError(
                 "incl_bwd=True needs loss_fn, a function from the output to a scalar, "

@@ -8,7 +8,6 @@ from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
-from ..contract import contract
 from .rotary import Rotary
 
 
@@ -23,9 +22,13 @@ class Attention(nn.Module):
     Hooks: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` ``[batch, pos, n_heads, d_head]``;
     ``hook_rot_q``, ``hook_rot_k`` (rotary only); ``hook_attn_scores`` and ``hook_pattern``
     ``[batch, n_heads, dest_pos, src_pos]``; ``hook_result`` ``[batch, pos, n_heads,
-    d_model]``, computed only when a hook is attached to it (it costs ``n_heads`` times
-    the memory of the output). Unless a hook edits ``hook_result``, the layer's output is
-    computed the same way with or without it, so caching never changes a bit of it.
+    d_model]``. The layer's output is always ``Σ_h result_h + b_O`` computed the same way,
+    so attaching or caching hooks never changes a bit of it.
+
+    Layout: internally every per-head tensor is stored heads-first (``[n_heads, batch,
+    pos, ...]``, one batched matrix product per step and no weight copies); hooks see
+    the documented ``[batch, pos, n_heads, ...]`` axes as views of that storage, so an
+    in-place edit in a hook is an edit of the activation itself.
     """
 
     def __init__(self, cfg: VectorTransformerConfig):
@@ -41,8 +44,13 @@ class Attention(nn.Module):
         self.b_O = nn.Parameter(torch.zeros(d))
         self.causal = cfg.causal
         self.scale = 1.0 / math.sqrt(dh)
+        self.n_heads = h
+        future = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1)
+        # added to the scores: 0 where a position may attend, -inf where it may not
         self.register_buffer(
-            "future", torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1), persistent=False
+            "mask_bias",
+            torch.zeros(cfg.n_ctx, cfg.n_ctx).masked_fill(future, float("-inf")),
+            persistent=False,
         )
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
         self.hook_q = HookPoint()
@@ -59,53 +67,52 @@ class Attention(nn.Module):
     def forward(
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
-        spec = "batch pos d_model, n_heads d_model d_head -> batch pos n_heads d_head"
-        q = self.hook_q(contract(spec, x, self.W_Q, self.b_Q))
-        k = self.hook_k(contract(spec, x, self.W_K, self.b_K))
-        v = self.hook_v(contract(spec, x, self.W_V, self.b_V))
+        batch, n_pos, d_model = x.shape
+        h = self.n_heads
+        # [n_heads, batch*pos, d_model] view of x: q_h = x W_Q[h] + b_Q[h] for every head
+        rows = x.reshape(1, batch * n_pos, d_model).expand(h, -1, -1)
+        q = self.hook_q(_split(torch.baddbmm(self.b_Q.unsqueeze(1), rows, self.W_Q), batch))
+        k = self.hook_k(_split(torch.baddbmm(self.b_K.unsqueeze(1), rows, self.W_K), batch))
+        v = self.hook_v(_split(torch.baddbmm(self.b_V.unsqueeze(1), rows, self.W_V), batch))
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q))
             k = self.hook_rot_k(self.rotary(k))
-        scores = contract(
-            "batch dest_pos n_heads d_head, batch src_pos n_heads d_head "
-            "-> batch n_heads dest_pos src_pos",
-            q,
-            k,
-        ).mul_(self.scale)
+        # [n_heads*batch, dest_pos, src_pos]: scores = q k^T / sqrt(d_head) (+ causal mask)
+        q_hb, k_hb = _merge(q), _merge(k)
         if self.causal:
-            n_pos = x.shape[1]
-            scores.masked_fill_(self.future[:n_pos, :n_pos], float("-inf"))
-        pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(dim=-1))
-        z = self.hook_z(
-            contract(
-                "batch n_heads dest_pos src_pos, batch src_pos n_heads d_head "
-                "-> batch dest_pos n_heads d_head",
-                pattern,
-                v,
+            scores = torch.baddbmm(
+                self.mask_bias[:n_pos, :n_pos], q_hb, k_hb.transpose(1, 2), alpha=self.scale
             )
-        )
-        if self.hook_result.has_hooks:
-            result = contract(
-                "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model",
-                z,
-                self.W_O,
-            )
-            # inference tensors keep no version counter: compare with a copy instead
-            before = result.clone() if result.is_inference() else result._version
-            hooked = self.hook_result(result)
-            if hooked is not result or not _unchanged(result, before):
-                # a hook edited the per-head outputs: the layer writes their sum
-                return hooked.sum(dim=-2) + self.b_O
-        # same arithmetic whether or not hook_result is read, so caching changes no bit
-        return contract(
-            "batch pos n_heads d_head, n_heads d_head d_model -> batch pos d_model",
-            z,
-            self.W_O,
-            self.b_O,
-        )
+        else:
+            scores = torch.bmm(q_hb, k_hb.transpose(1, 2)).mul_(self.scale)
+        scores = _merge_scores(self.hook_attn_scores(_split_scores(scores, h)))
+        pattern = _merge_scores(self.hook_pattern(_split_scores(scores.softmax(dim=-1), h)))
+        # z = pattern v, then each head's result z_h W_O[h]
+        z = self.hook_z(_split(torch.bmm(pattern, _merge(v)).view(h, -1, v.shape[-1]), batch))
+        result = torch.bmm(_merge(z).view(h, batch * n_pos, -1), self.W_O)
+        result = _merge(self.hook_result(_split(result, batch))).view(h, batch * n_pos, -1)
+        return (result.sum(dim=0) + self.b_O).view(batch, n_pos, d_model)
 
 
-def _unchanged(t: torch.Tensor, before: torch.Tensor | int) -> bool:
-    if isinstance(before, torch.Tensor):
-        return torch.equal(t, before)
-    return t._version == before
+def _split(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[n_heads, batch*pos, d]`` storage as a ``[batch, pos, n_heads, d]`` view."""
+    h, rows, d = t.shape
+    return t.view(h, batch, rows // batch, d).permute(1, 2, 0, 3)
+
+
+def _merge(t: torch.Tensor) -> torch.Tensor:
+    """``[batch, pos, n_heads, d]`` as ``[n_heads*batch, pos, d]`` (a view when ``t``
+    came from :func:`_split`, a copy when a hook replaced it)."""
+    batch, n_pos, h, d = t.shape
+    return t.permute(2, 0, 1, 3).reshape(h * batch, n_pos, d)
+
+
+def _split_scores(t: torch.Tensor, h: int) -> torch.Tensor:
+    """``[n_heads*batch, dest, src]`` storage as a ``[batch, n_heads, dest, src]`` view."""
+    hb, dest, src = t.shape
+    return t.view(h, hb // h, dest, src).transpose(0, 1)
+
+
+def _merge_scores(t: torch.Tensor) -> torch.Tensor:
+    batch, h, dest, src = t.shape
+    return t.transpose(0, 1).reshape(h * batch, dest, src)
