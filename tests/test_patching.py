@@ -7,10 +7,20 @@ import torch
 from helpers import random_input, random_model, tiny_cfg
 from vecinterp.analysis.patching import activation_patching, patch_hook, patch_qk_identity
 
-# batch * pos is a multiple of 4 throughout: MKL's float64 GEMM handles rows in blocks of
-# 4, and a partial block is summed in another order, so with a tail a row's last bit can
-# depend on the batch size; without one, batched and looped runs are bit-identical.
+# Batched (tiled) and looped runs agree to float64 rounding, not bit for bit: a batched
+# matrix product may sum in another order depending on how many rows it is given, so a
+# row's last bit can depend on the batch size. assert_same allows 1e-12.
 BATCH, N_POS = 1, 4
+
+
+def assert_same(
+    a,
+    b,
+):
+    """Equal up to float64 rounding of differently batched matrix products."""
+    b = b.reshape(a.shape) if hasattr(b, "reshape") and b.numel() == a.numel() else b
+    assert a.shape == b.shape
+    assert a.numel() == 0 or (a.detach() - b.detach()).abs().max() <= 1e-12
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -124,7 +134,7 @@ def test_batched_equals_looped_exactly(setup, hook_name, by, chunk):
     elif by == "head_pos":
         want = want.reshape(2, 2, N_POS)
     assert got.shape == want.shape
-    assert torch.equal(got, want)
+    assert_same(got, want)
 
 
 def test_default_chunk_batch_of_two_and_rotary_hooks_equal_looped():
@@ -137,7 +147,7 @@ def test_default_chunk_batch_of_two_and_rotary_hooks_equal_looped():
     for hook_name, by in [("rot_k", "head_pos"), ("resid_post", "layer_pos")]:
         got = activation_patching(model, clean, corrupted, metric, hook_name, by=by, progress=False)
         want = looped(model, clean, corrupted, metric, hook_name, by)
-        assert torch.equal(got, want.reshape(got.shape))
+        assert_same(got, want.reshape(got.shape))
 
 
 def test_full_name_sweeps_one_hook_point(setup):
@@ -149,7 +159,7 @@ def test_full_name_sweeps_one_hook_point(setup):
         model, clean, corrupted, metric, "blocks.1.attn.hook_z", by="head_pos", progress=False
     )
     assert one.shape == (2, N_POS)
-    assert torch.equal(one, all_layers[1])
+    assert_same(one, all_layers[1])
     embed = activation_patching(model, clean, corrupted, metric, "hook_embed")  # with a bar
     assert embed.shape == (N_POS,)
 
@@ -160,7 +170,7 @@ def test_patch_hook_matches_one_cell(setup):
     name = "blocks.0.attn.hook_pattern"
     y = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch_hook(cache[name], (1, 3)))])
     grid = activation_patching(model, clean, corrupted, metric, name, by="head_pos", progress=False)
-    assert torch.equal(grid[1, 3], metric(y))
+    assert_same(grid[1, 3], metric(y))
 
 
 def test_patch_hook_rejects_wrong_shape(setup):
@@ -178,7 +188,7 @@ def test_patching_a_whole_residual_layer_restores_the_clean_metric(setup, hook_n
     got = activation_patching(
         model, clean, corrupted, metric, hook_name, by="layer", progress=False
     )
-    assert torch.equal(got, clean_metric.expand(2))
+    assert_same(got, clean_metric.expand(2))
     assert metric(model(corrupted)) != clean_metric  # so the check above means something
 
 
@@ -192,7 +202,7 @@ def test_patching_one_position_only_changes_what_causality_allows(setup):
             model, clean, corrupted, metric, "resid_pre", clean_cache=cache, progress=False
         )
         later, upto = grid[:, q + 1 :], grid[:, : q + 1]
-        assert torch.equal(later, metric(y_corrupted).expand_as(later))
+        assert_same(later, metric(y_corrupted).expand_as(later))
         assert bool((upto != metric(y_corrupted)).all())
         # the last resid_post at q feeds only output q (ln_final and W_U are per position)
         post = activation_patching(
@@ -204,7 +214,7 @@ def test_patching_one_position_only_changes_what_causality_allows(setup):
             clean_cache=cache,
             progress=False,
         )
-        assert torch.equal(post[q], metric(y_clean))
+        assert_same(post[q], metric(y_clean))
 
 
 def test_given_clean_cache_equals_computed(setup):
@@ -215,13 +225,11 @@ def test_given_clean_cache_equals_computed(setup):
             model, clean, corrupted, metric, name, by=by, clean_cache=cache, progress=False
         )
         b = activation_patching(model, clean, corrupted, metric, name, by=by, progress=False)
-        assert torch.equal(a, b)
+        assert_same(a, b)
     as_dict = activation_patching(
         model, clean, corrupted, metric, "z", clean_cache=dict(cache), progress=False
     )
-    assert torch.equal(
-        as_dict, activation_patching(model, clean, corrupted, metric, "z", progress=False)
-    )
+    assert_same(as_dict, activation_patching(model, clean, corrupted, metric, "z", progress=False))
 
 
 def test_model_has_no_hooks_left_even_after_an_error(setup):
