@@ -47,6 +47,8 @@ class HookedVectorTransformer(HookedModule):
         (torch.Size([5, 6, 3]), torch.Size([5, 2, 6, 6]))
     """
 
+    pos_embed: PosEmbed | None
+
     def __init__(
         self,
         cfg: VectorTransformerConfig,
@@ -162,8 +164,8 @@ class HookedVectorTransformer(HookedModule):
             x: input vectors ``[batch, pos, d_in]``.
             names_filter: ``None`` (every hook but ``attn.hook_result`` and
                 ``mlp.hook_post``, which the cache recomputes from ``hook_z`` and
-                ``hook_pre`` when asked for them), a name, a list of names, or a
-                predicate.
+                ``hook_pre`` when asked for them; with ``incl_bwd`` every hook), a name,
+                a list of names, or a predicate.
             incl_bwd: also cache the gradient of ``loss_fn(output)`` with respect to each
                 selected activation, under ``name + "_grad"``. Uses ``torch.autograd.grad``,
                 so parameters' ``.grad`` are left untouched.
@@ -179,7 +181,7 @@ class HookedVectorTransformer(HookedModule):
         from ..cache import ActivationCache  # the cache layer sits above the model layer
 
         names = self.hook_names(names_filter)
-        if names_filter is None:
+        if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
             # what the cache can recompute exactly is not stored (cache.DERIVABLE)
             names = [n for n in names if not n.endswith(DERIVABLE_SUFFIXES)]
         if incl_bwd and loss_fn is None:
