@@ -2,7 +2,7 @@
 
 import difflib
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from einops import einsum
@@ -10,6 +10,7 @@ from jaxtyping import Float
 
 if TYPE_CHECKING:
     from .model import HookedVectorTransformer
+    from .model.components import Norm, TransformerBlock
 
 _BLOCK = {
     "resid_pre": "hook_resid_pre",
@@ -68,14 +69,14 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
 
 
 def _head_results(model: "HookedVectorTransformer", layer: int, z: torch.Tensor) -> torch.Tensor:
-    w_o = model.blocks[layer].attn.W_O.detach().to(z.device)
+    w_o = cast("TransformerBlock", model.blocks[layer]).attn.W_O.detach().to(z.device)
     return einsum(
         z, w_o, "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model"
     )
 
 
 def _mlp_post(model: "HookedVectorTransformer", layer: int, pre: torch.Tensor) -> torch.Tensor:
-    return model.blocks[layer].mlp.act_fn(pre)
+    return cast("TransformerBlock", model.blocks[layer]).mlp.act_fn(pre)
 
 
 DERIVABLE = {
@@ -305,7 +306,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             return residual_stack
         n = self._n(layer)
         if n == self.cfg.n_layers:
-            ln, key = self.model.ln_final, "ln_final.hook_scale"
+            # normalization is not None, so every norm is a Norm
+            ln, key = cast("Norm", self.model.ln_final), "ln_final.hook_scale"
         else:
             if mlp_input and self.cfg.attn_only:
                 raise ValueError("mlp_input=True but the model is attn_only: it has no ln2")

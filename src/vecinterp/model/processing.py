@@ -15,9 +15,13 @@ transformations are exact for vector (MSE) outputs:
   and regression outputs have no such invariance.
 """
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 from einops import einsum
 
+from .components import TransformerBlock
 from .config import VectorTransformerConfig
 from .transformer import HookedVectorTransformer
 
@@ -76,15 +80,15 @@ def fold_layer_norm(
         # each W is [..., d_model, d_x] and its bias [..., d_x]
         for W, b in readers:
             if getattr(ln, "b", None) is not None:
-                b += einsum(ln.b, W, "d_model, ... d_model d_x -> ... d_x")
+                b += einsum(cast(torch.Tensor, ln.b), W, "d_model, ... d_model d_x -> ... d_x")
             if getattr(ln, "w", None) is not None:
-                W *= ln.w[:, None]
+                W *= cast(torch.Tensor, ln.w)[:, None]
             if centre:
                 W -= W.mean(dim=-2, keepdim=True)
 
     with torch.no_grad():
-        for i, block in enumerate(model.blocks):
-            nb = new.blocks[i]
+        for i, block in enumerate(cast(Iterable[TransformerBlock], model.blocks)):
+            nb = cast(TransformerBlock, new.blocks[i])
             a = nb.attn
             fold(block.ln1, [(a.W_Q, a.b_Q), (a.W_K, a.b_K), (a.W_V, a.b_V)])
             if not cfg.attn_only:
@@ -123,7 +127,7 @@ def center_writing_weights(model: HookedVectorTransformer) -> HookedVectorTransf
         centre(new.embed.b_E)
         if new.pos_embed is not None:
             centre(new.pos_embed.W_pos)
-        for block in new.blocks:
+        for block in cast(Iterable[TransformerBlock], new.blocks):
             centre(block.attn.W_O)
             centre(block.attn.b_O)
             if not cfg.attn_only:
@@ -144,9 +148,10 @@ def fold_value_biases(model: HookedVectorTransformer) -> HookedVectorTransformer
     """
     new = _copy(model, model.cfg)
     with torch.no_grad():
-        for block in new.blocks:
+        for block in cast(Iterable[TransformerBlock], new.blocks):
             a = block.attn
-            a.b_O += einsum(a.b_V, a.W_O, "n_heads d_head, n_heads d_head d_model -> d_model")
+            # in-place +=, which returns the Parameter itself (torch's stub says Tensor)
+            a.b_O += einsum(a.b_V, a.W_O, "n_heads d_head, n_heads d_head d_model -> d_model")  # type: ignore[misc]
             a.b_V.zero_()
     return new
 

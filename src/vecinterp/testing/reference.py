@@ -3,6 +3,7 @@ components: fused ``F.linear``/``F.layer_norm``/``scaled_dot_product_attention``
 hooks, no einsum. Tests compare against it; benchmarks time against it."""
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +11,7 @@ from torch import nn
 
 from ..model.config import VectorTransformerConfig
 
-_ACTS = {
+_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -26,6 +27,11 @@ class PlainTransformer(nn.Module):
         state_dict: a :class:`~vecinterp.HookedVectorTransformer` state dict (its tensors
             are copied).
     """
+
+    # buffers registered in __init__ (only for the matching cfg.positional)
+    pos_fixed: torch.Tensor
+    rot_cos: torch.Tensor
+    rot_sin: torch.Tensor
 
     def __init__(self, cfg: VectorTransformerConfig, state_dict: dict[str, torch.Tensor]):
         super().__init__()

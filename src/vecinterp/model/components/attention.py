@@ -31,6 +31,8 @@ class Attention(nn.Module):
     in-place edit in a hook is an edit of the activation itself.
     """
 
+    mask_bias: torch.Tensor  # a non-persistent buffer registered in __init__
+
     def __init__(self, cfg: VectorTransformerConfig):
         super().__init__()
         h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head

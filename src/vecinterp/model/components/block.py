@@ -24,6 +24,11 @@ class TransformerBlock(nn.Module):
     without ``attn_only``), plus those of ``ln1``, ``attn``, ``ln2`` and ``mlp``.
     """
 
+    ln1: nn.Module
+    attn: Attention
+    ln2: nn.Module  # absent when attn_only
+    mlp: MLP  # absent when attn_only
+
     def __init__(self, cfg: VectorTransformerConfig):
         super().__init__()
         # created in forward order, so that hook_dict lists hooks in the order they fire

@@ -1,5 +1,7 @@
 """The position-wise two-layer perceptron."""
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -9,7 +11,7 @@ from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
 from ..contract import contract
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),

@@ -19,6 +19,9 @@ class Norm(nn.Module):
     (after centring and division, before ``w`` and ``b``).
     """
 
+    w: nn.Parameter | None
+    b: nn.Parameter | None
+
     def __init__(self, cfg: VectorTransformerConfig):
         super().__init__()
         self.kind: str = str(cfg.normalization)
