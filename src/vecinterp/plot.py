@@ -1,0 +1,730 @@
+"""Plots of analysis results: attention patterns, circuit matrices, score grids, attributions,
+linear fits, loss curves (matplotlib; the optional ``plot`` extra).
+
+Every function takes plain results (torch tensors, numpy arrays or, for 1-D inputs, lists),
+draws on the ``ax`` it is given or on a new figure, and returns the ``Axes`` (or ``Figure``)
+so the caller can restyle or save it. None calls ``plt.show()`` or changes ``rcParams``.
+Shapes are checked up front with a ``ValueError`` that names the expected axes. Inputs are
+annotated as plain array types rather than jaxtyping shapes on purpose: the functions accept
+several ranks and report a wrong one as a ``ValueError`` of their own.
+
+Nothing else in vecinterp imports this module, so vecinterp works without matplotlib.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Protocol, SupportsFloat, runtime_checkable
+
+import numpy as np
+import torch
+
+try:
+    import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides matplotlib
+    raise ImportError(
+        "vecinterp.plot needs matplotlib, which is not installed. "
+        'Install the plot extra: pip install "vecinterp[plot]"'
+    ) from exc
+
+from .factored_matrix import FactoredMatrix
+
+__all__ = [
+    "plot_attention",
+    "plot_attention_grid",
+    "plot_attribution",
+    "plot_fit",
+    "plot_loss",
+    "plot_matrix",
+    "plot_residual_vs_target",
+    "plot_score_grid",
+]
+
+# numbers as a tensor, an array, or a (nested, for matrices) list
+ArrayLike = torch.Tensor | np.ndarray | Sequence[SupportsFloat] | Sequence[Sequence[SupportsFloat]]
+Scalar = SupportsFloat | torch.Tensor | np.ndarray
+
+_ATTENTION_CMAP = "Blues"
+_DIVERGING_CMAP = "RdBu_r"  # red positive, blue negative
+_MASKED_GREY = "0.85"
+_POSITIVE, _NEGATIVE = "tab:blue", "tab:red"
+_MAX_TICKS = 16  # label every position up to this many; beyond, let matplotlib thin them
+
+
+@runtime_checkable
+class LossHistory(Protocol):
+    """Anything shaped like :class:`vecinterp.training.TrainHistory` (duck-typed)."""
+
+    steps: Any
+    train_loss: Any
+    eval_steps: Any
+    eval_loss: Any
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _to_numpy(value: object, name: str) -> np.ndarray:
+    """``value`` as a float64 numpy array (tensors are detached and moved to the CPU)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        if value.is_complex():
+            raise TypeError(f"{name} must be real, got a {value.dtype} tensor")
+        value = value.to(torch.float64).numpy()
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:  # ragged nested sequences
+        raise ValueError(f"{name} must be a rectangular array: {exc}") from exc
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    return array.astype(np.float64)
+
+
+def _check_ndim(array: np.ndarray, ndims: tuple[int, ...], name: str, axes: str) -> None:
+    if array.ndim not in ndims or array.size == 0:
+        raise ValueError(f"{name} must be a non-empty array {axes}, got shape {array.shape}")
+
+
+def _scalar(value: Scalar, name: str) -> float:
+    array = _to_numpy(value, name)
+    if array.size != 1:
+        raise ValueError(f"{name} must be a single number, got shape {array.shape}")
+    return float(array.reshape(()))
+
+
+def _new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+    if ax is not None:
+        return ax
+    _, ax = plt.subplots(figsize=figsize, layout="constrained")
+    return ax
+
+
+def _position_ticks(ax: Axes, n_x: int, n_y: int, labels: Sequence[str] | None) -> None:
+    """Integer position ticks; every position is labelled when there are few or when
+    ``labels`` are given (the last ``n_y`` labels go on the y axis)."""
+    for axis, n in ((ax.xaxis, n_x), (ax.yaxis, n_y)):
+        if labels is not None:
+            axis.set_ticks(range(n), labels=list(labels)[len(labels) - n :])
+        elif n <= _MAX_TICKS:
+            axis.set_ticks(range(n))
+        else:
+            axis.set_major_locator(MaxNLocator(nbins=_MAX_TICKS, integer=True))
+    if labels is not None and n_x > 8:
+        ax.tick_params(axis="x", labelrotation=90)
+
+
+# ---------------------------------------------------------------------------- attention
+
+
+def _causal_zeros(pattern: np.ndarray) -> np.ndarray | None:
+    """Boolean mask of the causal (future) triangle if it is non-empty and all zeros.
+
+    Query ``i`` of ``dest_pos`` sits at source position ``i + src_pos - dest_pos`` (the
+    queries are the last positions when ``dest_pos < src_pos``)."""
+    n_dest, n_src = pattern.shape
+    offset = n_src - n_dest
+    future = np.arange(n_src)[None, :] > np.arange(n_dest)[:, None] + offset
+    if not future.any() or not np.all(pattern[future] == 0):
+        return None
+    return future
+
+
+def plot_attention(
+    pattern: ArrayLike,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    labels: Sequence[str] | None = None,
+    vmax: SupportsFloat | None = None,
+    colorbar: bool = True,
+) -> Axes:
+    """Heatmap of one attention pattern, destination (query) position down, source across.
+
+    Entry ``[i, j]`` is ``A[i, j] = softmax_j(q_i · k_j / sqrt(d_head))``, the share of
+    destination ``i``'s attention on source ``j``. When the future (upper) triangle
+    ``j > i`` is entirely zero, as in a causal model, it is drawn grey so that it reads as
+    "masked" rather than as "no attention".
+
+    Args:
+        pattern: ``[dest_pos, src_pos]``, e.g. ``cache["pattern", layer][batch, head]``.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        labels: one label per position (``src_pos`` of them; the y axis takes the last
+            ``dest_pos``); integer positions when ``None``.
+        vmax: top of the colour scale. Default: 1 if every entry lies in ``[0, 1]`` (a
+            probability, comparable across heads), else the largest entry.
+        colorbar: draw a colour bar beside ``ax``.
+
+    Returns:
+        The axes, holding one image whose extent is the pattern's shape.
+
+    Raises:
+        ValueError: ``pattern`` is not 2-D, or ``labels`` has the wrong length.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt, torch
+        >>> from vecinterp.plot import plot_attention
+        >>> ax = plot_attention(torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None])
+        >>> ax.get_xlabel(), ax.images[0].get_array().shape
+        ('source position', (4, 4))
+        >>> plt.close(ax.figure)
+    """
+    values = _to_numpy(pattern, "pattern")
+    _check_ndim(values, (2,), "pattern", "[dest_pos, src_pos]")
+    n_dest, n_src = values.shape
+    if labels is not None and len(labels) != n_src:
+        raise ValueError(
+            f"labels must have one entry per source position ({n_src}), got {len(labels)}"
+        )
+    vmin = min(0.0, float(np.nanmin(values))) if np.isfinite(values).any() else 0.0
+    if vmax is None:
+        top = float(np.nanmax(values)) if np.isfinite(values).any() else 1.0
+        vmax = 1.0 if vmin >= 0 and top <= 1 else top
+    cmap = plt.get_cmap(_ATTENTION_CMAP).with_extremes(bad=_MASKED_GREY)
+    future = _causal_zeros(values)
+    shown = values if future is None else np.ma.masked_array(values, mask=future)
+    ax = _new_axes(ax, (4.2, 3.6))
+    image = ax.imshow(
+        shown, cmap=cmap, vmin=vmin, vmax=float(vmax), interpolation="nearest", aspect="equal"
+    )
+    _position_ticks(ax, n_src, n_dest, labels)
+    ax.set_xlabel("source position")
+    ax.set_ylabel("destination position")
+    if title is not None:
+        ax.set_title(title)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, label="attention", shrink=0.85)
+    return ax
+
+
+def plot_attention_grid(
+    patterns: ArrayLike,
+    *,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    vmax: SupportsFloat | None = None,
+) -> Figure:
+    """A grid of attention patterns (one subplot each) sharing one colour scale and bar.
+
+    Args:
+        patterns: ``[n_rows, n_cols, dest_pos, src_pos]`` (e.g. ``[n_layers, n_heads, ...]``,
+            rows labelled ``layer i`` and columns ``head j`` by default) or
+            ``[n_cols, dest_pos, src_pos]`` (one row; e.g. ``cache["pattern", l][batch]``).
+        row_labels: ``n_rows`` labels, shown left of each row.
+        col_labels: ``n_cols`` labels, shown above each column.
+        title: figure title.
+        vmax: top of the shared colour scale (see :func:`plot_attention`).
+
+    Returns:
+        The figure; ``fig.axes`` lists the ``n_rows * n_cols`` pattern axes row by row,
+        then the colour bar.
+
+    Raises:
+        ValueError: ``patterns`` is not 3-D or 4-D, or a label list has the wrong length.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt, torch
+        >>> from vecinterp.plot import plot_attention_grid
+        >>> fig = plot_attention_grid(torch.softmax(torch.randn(2, 3, 5, 5), dim=-1))
+        >>> len(fig.axes), fig.axes[0].get_title()
+        (7, 'head 0')
+        >>> plt.close(fig)
+    """
+    values = _to_numpy(patterns, "patterns")
+    _check_ndim(
+        values,
+        (3, 4),
+        "patterns",
+        "[n_rows, n_cols, dest_pos, src_pos] or [n_cols, dest_pos, src_pos]",
+    )
+    if values.ndim == 3:
+        values = values[None]
+    n_rows, n_cols = values.shape[:2]
+    if row_labels is None:
+        row_labels = [f"layer {i}" for i in range(n_rows)] if n_rows > 1 else [""]
+    if col_labels is None:
+        col_labels = [f"head {j}" for j in range(n_cols)]
+    for name, given, n in (("row_labels", row_labels, n_rows), ("col_labels", col_labels, n_cols)):
+        if len(given) != n:
+            raise ValueError(f"{name} must have {n} entries, got {len(given)}")
+    finite = values[np.isfinite(values)]
+    if vmax is None:
+        top = float(finite.max()) if finite.size else 1.0
+        vmax = 1.0 if finite.size and finite.min() >= 0 and top <= 1 else top
+    fig, axes = plt.subplots(
+        n_rows,
+        n_cols,
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+        figsize=(2.3 * n_cols + 1.2, 2.2 * n_rows + (0.5 if title else 0.2)),
+        layout="constrained",
+    )
+    for i in range(n_rows):
+        for j in range(n_cols):
+            ax = plot_attention(values[i, j], ax=axes[i, j], vmax=vmax, colorbar=False)
+            ax.set_title(col_labels[j] if i == 0 else "")
+            ax.set_xlabel("source" if i == n_rows - 1 else "")
+            ax.set_ylabel(f"{row_labels[i]}\ndestination".strip() if j == 0 else "")
+            for axis in (ax.xaxis, ax.yaxis):  # small panels: fewer position ticks
+                axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    fig.colorbar(axes[0, 0].images[0], ax=axes, label="attention", shrink=0.8)
+    if title is not None:
+        fig.suptitle(title)
+    return fig
+
+
+# ------------------------------------------------------------------- matrices and scores
+
+
+def plot_matrix(
+    matrix: ArrayLike | FactoredMatrix,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    cmap: str = _DIVERGING_CMAP,
+) -> Axes:
+    """Heatmap of a real matrix on a diverging colour scale centred at 0.
+
+    The scale runs over ``[-m, m]`` with ``m = max |M_ij|``, so white means 0 and the two
+    hues are comparable: made for OV (``W_V W_O``) and QK (``W_Q W_K^T``) circuits, where
+    a signed diagonal (copying, or its negative) is what the eye should find.
+
+    Args:
+        matrix: ``[rows, cols]`` tensor or array, or a 2-D :class:`~vecinterp.FactoredMatrix`
+            (its product ``AB`` is formed), e.g. ``model.OV[layer, head]``.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        xlabel: x-axis (column) label.
+        ylabel: y-axis (row) label.
+        cmap: a diverging colour map name.
+
+    Returns:
+        The axes, holding one image with ``vmin == -vmax``.
+
+    Raises:
+        ValueError: ``matrix`` is not 2-D.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt, torch
+        >>> from vecinterp.plot import plot_matrix
+        >>> ax = plot_matrix(-2 * torch.eye(3), title="OV = -2I")
+        >>> ax.images[0].get_clim()
+        (-2.0, 2.0)
+        >>> plt.close(ax.figure)
+    """
+    if isinstance(matrix, FactoredMatrix):
+        matrix = matrix.AB
+    values = _to_numpy(matrix, "matrix")
+    _check_ndim(values, (2,), "matrix", "[rows, cols]")
+    finite = np.abs(values[np.isfinite(values)])
+    limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    n_rows, n_cols = values.shape
+    ax = _new_axes(ax, (4.6, 3.8))
+    image = ax.imshow(values, cmap=cmap, vmin=-limit, vmax=limit, interpolation="nearest")
+    _position_ticks(ax, n_cols, n_rows, None)
+    ax.set_xlabel(xlabel or "")
+    ax.set_ylabel(ylabel or "")
+    if title is not None:
+        ax.set_title(title)
+    ax.figure.colorbar(image, ax=ax, shrink=0.85)
+    return ax
+
+
+def plot_score_grid(
+    scores: ArrayLike,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    fmt: str = ".2f",
+    cmap: str | None = None,
+    center: SupportsFloat | None = None,
+    annotate: bool = True,
+) -> Axes:
+    """A layer × head table of scores, each cell coloured and annotated with its value.
+
+    NaN cells (heads without a score) are left blank: light grey (distinct from the white
+    centre of a diverging scale), no text.
+
+    Args:
+        scores: ``[n_layers, n_heads]``, e.g. :func:`~vecinterp.eigenvalue_scores` of a model.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        fmt: format spec of the annotations (``format(value, fmt)``).
+        cmap: colour map; default ``"viridis"``, or ``"RdBu_r"`` when ``center`` is given.
+        center: if given, a diverging scale symmetric about it
+            (``[center - d, center + d]``, ``d = max |score - center|``); e.g. ``center=0``
+            for eigenvalue scores in ``[-1, 1]``. Default: the scores' range.
+        annotate: write each value in its cell.
+
+    Returns:
+        The axes: x label ``"head"``, y label ``"layer"``, layer 0 at the top.
+
+    Raises:
+        ValueError: ``scores`` is not 2-D or holds ±inf.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> from vecinterp.plot import plot_score_grid
+        >>> ax = plot_score_grid([[0.5, -1.0], [float("nan"), 0.25]], center=0)
+        >>> [t.get_text() for t in ax.texts]
+        ['0.50', '-1.00', '0.25']
+        >>> plt.close(ax.figure)
+    """
+    values = _to_numpy(scores, "scores")
+    _check_ndim(values, (2,), "scores", "[n_layers, n_heads]")
+    if np.isinf(values).any():
+        raise ValueError("scores must not hold ±inf (use NaN for cells without a score)")
+    missing = np.isnan(values)
+    finite = values[~missing]
+    if center is None:
+        vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        cmap = cmap or "viridis"
+    else:
+        c = float(center)
+        half = float(np.abs(finite - c).max()) if finite.size else 1.0
+        half = half if half > 0 else 1.0
+        vmin, vmax = c - half, c + half
+        cmap = cmap or _DIVERGING_CMAP
+    if vmin == vmax:
+        vmin, vmax = vmin - 0.5, vmax + 0.5
+    colormap = plt.get_cmap(cmap).with_extremes(bad=_MASKED_GREY)
+    n_layers, n_heads = values.shape
+    ax = _new_axes(ax, (1.0 + 0.75 * n_heads + 1.2, 0.6 + 0.55 * n_layers + 0.6))
+    image = ax.imshow(
+        np.ma.masked_array(values, mask=missing),
+        cmap=colormap,
+        vmin=vmin,
+        vmax=vmax,
+        interpolation="nearest",
+        aspect="auto",
+    )
+    if annotate:
+        rgba = image.to_rgba(np.ma.masked_array(values, mask=missing))
+        for i, j in zip(*np.nonzero(~missing), strict=True):
+            red, green, blue = rgba[i, j, :3]
+            luminance = 0.299 * red + 0.587 * green + 0.114 * blue
+            ax.text(
+                j,
+                i,
+                format(values[i, j], fmt),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="black" if luminance > 0.5 else "white",
+            )
+    ax.set_xticks(range(n_heads))
+    ax.set_yticks(range(n_layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    if title is not None:
+        ax.set_title(title)
+    ax.figure.colorbar(image, ax=ax, shrink=0.85)
+    return ax
+
+
+# --------------------------------------------------------------- attributions and fits
+
+
+def plot_attribution(
+    values: ArrayLike,
+    labels: Sequence[object],
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    ylabel: str = "direct attribution",
+) -> Axes:
+    """One bar per component (positive blue, negative red) with a line at zero.
+
+    Args:
+        values: ``[component]``, e.g. a direct attribution averaged over batch and position.
+        labels: ``component`` names (``str()`` of each is shown), e.g. ``"L0H1"``, ``"mlp_1"``.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        ylabel: y-axis label.
+
+    Returns:
+        The axes; ``ax.patches`` are the bars, in component order.
+
+    Raises:
+        ValueError: ``values`` is not 1-D or ``labels`` has another length.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> from vecinterp.plot import plot_attribution
+        >>> ax = plot_attribution([0.3, -0.1, 0.05], ["embed", "L0H0", "L0H1"])
+        >>> [round(float(bar.get_height()), 2) for bar in ax.patches]
+        [0.3, -0.1, 0.05]
+        >>> plt.close(ax.figure)
+    """
+    heights = _to_numpy(values, "values")
+    _check_ndim(heights, (1,), "values", "[component]")
+    if len(labels) != heights.size:
+        raise ValueError(
+            f"labels must have one entry per component ({heights.size}), got {len(labels)}"
+        )
+    positions = np.arange(heights.size)
+    ax = _new_axes(ax, (max(4.0, 0.4 * heights.size + 1.5), 3.6))
+    colors = [_NEGATIVE if h < 0 else _POSITIVE for h in heights]
+    ax.bar(positions, heights, color=colors)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(
+        positions,
+        labels=[str(label) for label in labels],
+        rotation=60,
+        ha="right",
+        rotation_mode="anchor",
+    )
+    ax.set_xlim(-0.6, heights.size - 0.4)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+def plot_fit(
+    x: ArrayLike,
+    y: ArrayLike,
+    *,
+    slope: Scalar | None = None,
+    intercept: Scalar | None = None,
+    r2: Scalar | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    xlabel: str = "x",
+    ylabel: str = "y",
+    max_points: int = 5000,
+) -> Axes:
+    """Scatter of ``(x, y)`` pairs with a fitted line ``y ≈ slope · x + intercept``.
+
+    Without ``slope``/``intercept``, the least-squares line is fitted (``np.polyfit``,
+    degree 1) on all points. ``R² = 1 − Σ(y − ŷ)² / Σ(y − ȳ)²`` of the drawn line is computed
+    when not given, and shown in the legend with the line's equation. Paper 001 §4.4 uses
+    this for ``(x_d, (x OV)_d)``; :func:`vecinterp.analysis.geometry.fit_line` gives the
+    numbers.
+
+    Args:
+        x: pairs' first coordinates, any shape (flattened).
+        y: second coordinates, the same shape as ``x``.
+        slope: the line's slope (a number or 0-d tensor); give with ``intercept``.
+        intercept: the line's intercept; give with ``slope``.
+        r2: the R² to show; computed from the line when ``None``.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        xlabel: x-axis label.
+        ylabel: y-axis label.
+        max_points: at most this many points are drawn (a fixed random subset; the fit
+            still uses all of them).
+
+    Returns:
+        The axes: ``ax.collections[0]`` the scatter, ``ax.lines[0]`` the line.
+
+    Raises:
+        ValueError: shapes differ, values are not finite, only one of ``slope`` and
+            ``intercept`` is given, or the line cannot be fitted (fewer than 2 distinct x).
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt, torch
+        >>> from vecinterp.plot import plot_fit
+        >>> x = torch.linspace(-1, 1, 50)
+        >>> ax = plot_fit(x, -x + 0.5)
+        >>> ax.get_legend().get_texts()[1].get_text()
+        'fit: y = -1 x + 0.5 (R² = 1.0000)'
+        >>> plt.close(ax.figure)
+    """
+    xs, ys = _to_numpy(x, "x"), _to_numpy(y, "y")
+    if xs.shape != ys.shape or xs.size == 0:
+        raise ValueError(
+            f"x and y must be non-empty with the same shape, got {xs.shape} and {ys.shape}"
+        )
+    xs, ys = xs.ravel(), ys.ravel()
+    if not (np.isfinite(xs).all() and np.isfinite(ys).all()):
+        raise ValueError("x and y must be finite (no NaN or inf)")
+    if max_points < 1:
+        raise ValueError(f"max_points must be positive, got {max_points}")
+    if (slope is None) != (intercept is None):
+        raise ValueError("give both slope and intercept, or neither (to fit them)")
+    if slope is None:
+        if np.ptp(xs) == 0:
+            raise ValueError("cannot fit a line: x needs at least 2 distinct values")
+        fit_slope, fit_intercept = (float(v) for v in np.polyfit(xs, ys, 1))
+    else:
+        assert intercept is not None  # checked above; for the type checker
+        fit_slope, fit_intercept = _scalar(slope, "slope"), _scalar(intercept, "intercept")
+    r2_value = None if r2 is None else _scalar(r2, "r2")
+    if r2_value is None:
+        total = float(np.sum((ys - ys.mean()) ** 2))
+        residual = float(np.sum((ys - (fit_slope * xs + fit_intercept)) ** 2))
+        r2_value = 1.0 - residual / total if total > 0 else None
+    shown = np.arange(xs.size)
+    if xs.size > max_points:
+        shown = np.sort(np.random.default_rng(0).choice(xs.size, max_points, replace=False))
+    ax = _new_axes(ax, (4.6, 4.0))
+    subset = f", {shown.size} of {xs.size} shown" if shown.size < xs.size else ""
+    ax.scatter(
+        xs[shown], ys[shown], s=8, alpha=0.5, linewidths=0, label=f"data (n={xs.size}{subset})"
+    )
+    ends = np.array([xs.min(), xs.max()])
+    label = (
+        f"fit: y = {fit_slope:.3g} x {'-' if fit_intercept < 0 else '+'} {abs(fit_intercept):.3g}"
+    )
+    if r2_value is not None:
+        label += f" (R² = {r2_value:.4f})"
+    ax.plot(ends, fit_slope * ends + fit_intercept, color="black", linewidth=1.5, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.legend(loc="best", fontsize=8)
+    return ax
+
+
+# ------------------------------------------------------------------ loss and residuals
+
+
+def plot_loss(
+    steps: ArrayLike | LossHistory,
+    losses: ArrayLike | None = None,
+    *,
+    eval_steps: ArrayLike | None = None,
+    eval_losses: ArrayLike | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    log: bool = True,
+) -> Axes:
+    """Training (and evaluation) loss against step, on a log y scale by default.
+
+    Args:
+        steps: ``[n_steps]`` step numbers, or a :class:`~vecinterp.training.TrainHistory`
+            (anything with ``.steps``, ``.train_loss``, ``.eval_steps``, ``.eval_loss``), in
+            which case ``losses`` and the ``eval_*`` arguments must be left ``None``.
+        losses: ``[n_steps]`` training losses.
+        eval_steps: ``[n_evals]`` steps at which the evaluation loss was measured.
+        eval_losses: ``[n_evals]`` evaluation losses; give with ``eval_steps``.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        log: log-scale y axis (non-positive losses are then not drawn).
+
+    Returns:
+        The axes: ``ax.lines[0]`` the training curve, ``ax.lines[1]`` the evaluation curve
+        (if any).
+
+    Raises:
+        ValueError: lengths differ, an array is not 1-D, or a history is combined with
+            explicit losses.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> from vecinterp.plot import plot_loss
+        >>> ax = plot_loss([0, 1, 2], [1.0, 0.1, 0.01], eval_steps=[0, 3], eval_losses=[1.2, 0.02])
+        >>> ax.get_yscale(), [line.get_label() for line in ax.lines]
+        ('log', ['train', 'eval'])
+        >>> plt.close(ax.figure)
+    """
+    if isinstance(steps, LossHistory):
+        if losses is not None or eval_steps is not None or eval_losses is not None:
+            raise ValueError("pass either a TrainHistory alone or steps and losses, not both")
+        history = steps
+        steps, losses = history.steps, history.train_loss
+        eval_steps, eval_losses = history.eval_steps, history.eval_loss
+    if losses is None:
+        raise ValueError("losses is required when steps is not a TrainHistory")
+    if (eval_steps is None) != (eval_losses is None):
+        raise ValueError("give both eval_steps and eval_losses, or neither")
+    ax = _new_axes(ax, (5.0, 3.6))
+    curves: list[tuple[str, object, object, dict[str, Any]]] = [
+        ("train", steps, losses, dict(color="tab:blue", linewidth=1.0))
+    ]
+    if eval_steps is not None and len(eval_steps) > 0:
+        eval_style = dict(color="tab:orange", marker="o", markersize=3, linewidth=1.5)
+        curves.append(("eval", eval_steps, eval_losses, eval_style))
+    for name, xs, ys, style in curves:
+        x_values = _to_numpy(xs, f"{name} steps")
+        y_values = _to_numpy(ys, f"{name} losses")
+        _check_ndim(x_values, (1,), f"{name} steps", "[n_steps]")
+        if y_values.shape != x_values.shape:
+            raise ValueError(
+                f"{name} steps and losses must have the same length, "
+                f"got shapes {x_values.shape} and {y_values.shape}"
+            )
+        ax.plot(x_values, y_values, label=name, **style)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (MSE)")
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def plot_residual_vs_target(
+    estimate: ArrayLike,
+    target: ArrayLike,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    labels: Sequence[str] = ("residual through W_U", "target"),
+) -> Axes:
+    """An estimate and its target as two line plots over their components (paper 001,
+    Figures 14 and 17): how well, e.g., the residual stream read through ``ln_final`` and
+    ``W_U`` after some layer already matches the next vector.
+
+    Args:
+        estimate: ``[d_out]`` vector, e.g. one position of
+            :func:`~vecinterp.analysis.geometry.logit_lens`.
+        target: ``[d_out]`` vector.
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title.
+        labels: legend entries for ``estimate`` and ``target``.
+
+    Returns:
+        The axes: ``ax.lines[0]`` the estimate, ``ax.lines[1]`` the target, both against
+        the component index ``0 .. d_out - 1``.
+
+    Raises:
+        ValueError: either vector is not 1-D, their lengths differ, or ``labels`` is not
+            two strings.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt, torch
+        >>> from vecinterp.plot import plot_residual_vs_target
+        >>> ax = plot_residual_vs_target(torch.tensor([0.9, 2.1, 2.9]), torch.tensor([1., 2, 3]))
+        >>> [line.get_label() for line in ax.lines[:2]]
+        ['residual through W_U', 'target']
+        >>> plt.close(ax.figure)
+    """
+    est, tgt = _to_numpy(estimate, "estimate"), _to_numpy(target, "target")
+    _check_ndim(est, (1,), "estimate", "[d_out]")
+    _check_ndim(tgt, (1,), "target", "[d_out]")
+    if est.shape != tgt.shape:
+        raise ValueError(
+            f"estimate and target must have the same length, got {est.size} and {tgt.size}"
+        )
+    if isinstance(labels, str) or len(labels) != 2:
+        raise ValueError(f"labels must be two strings (estimate, target), got {labels!r}")
+    index = np.arange(est.size)
+    ax = _new_axes(ax, (max(4.5, 0.12 * est.size + 2.0), 3.4))
+    ax.plot(index, est, color="tab:blue", marker="o", markersize=3, label=labels[0])
+    ax.plot(index, tgt, color="black", linestyle="--", marker="x", markersize=4, label=labels[1])
+    ax.axhline(0.0, color="0.6", linewidth=0.6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("component")
+    ax.set_ylabel("value")
+    if title is not None:
+        ax.set_title(title)
+    ax.legend()
+    return ax
