@@ -1,0 +1,1 @@
+python -m sphinx -W --keep-going -b html docs docs/_build/html
