@@ -695,16 +695,6 @@ def _sweep_hook(mask: torch.Tensor, repl: torch.Tensor) -> HookFn:
     return hook_fn
 
 
-def _run_from_layer(
-    model: HookedVectorTransformer, resid: torch.Tensor, layer: int
-) -> torch.Tensor:
-    # Mirrors the tail of HookedVectorTransformer.forward (blocks, ln_final, unembed): a
-    # sweep starts at the first ablated layer, as nothing before it differs between copies.
-    for block in model.blocks[layer:]:
-        resid = block(resid)
-    return model.unembed(model.ln_final(resid))
-
-
 def _scalar(value: object) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
@@ -849,7 +839,7 @@ def head_ablation_sweep(
             ]
             resid = cache[resid_names[start]].repeat(k, 1, 1)
             with model.hooks(fwd_hooks=fwd_hooks):
-                out = _run_from_layer(model, resid, start)
+                out = model(resid, start_at_layer=start)
             out = out.reshape(k, batch, n_pos, d_out)
             for c, (layer, head) in enumerate(chunk):
                 scores[layer, head] = _scalar(metric(out[c], targets))

@@ -101,6 +101,7 @@ class HookedVectorTransformer(HookedModule):
         targets: Float[torch.Tensor, "batch pos d_out"] | None = None,
         loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
         return_type: str = "output",
+        start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
     ) -> Any:
         """Run the model.
@@ -111,32 +112,32 @@ class HookedVectorTransformer(HookedModule):
             loss_mask: boolean ``[batch, pos]`` or ``[pos]`` for the loss (default: all).
             return_type: ``"output"`` (``[batch, pos, d_out]``), ``"loss"`` (masked MSE)
                 or ``"both"`` (``(output, loss)``).
+            start_at_layer: ``x`` is the residual stream ``[batch, pos, d_model]``
+                entering block ``start_at_layer`` (e.g. a cached ``resid_pre``); the
+                embeddings and earlier blocks are skipped.
             stop_at_layer: return the residual stream ``[batch, pos, d_model]`` entering
                 block ``stop_at_layer`` (``n_layers``: after the last block, before
                 ``ln_final``) instead of the output.
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
-        check_input(x, self.cfg, self.embed.W_E)
-        batch, n_pos, _ = x.shape
-        resid = self.hook_embed(self.embed(x))
-        if self.pos_embed is not None:
-            resid = resid + self.hook_pos_embed(self.pos_embed(batch, n_pos))
-        if stop_at_layer is not None:
-            if (
-                isinstance(stop_at_layer, bool)
-                or not isinstance(stop_at_layer, int)
-                or not -self.cfg.n_layers <= stop_at_layer <= self.cfg.n_layers
-            ):
-                raise ValueError(
-                    f"stop_at_layer must be an int in [-{self.cfg.n_layers}, {self.cfg.n_layers}], "
-                    f"got {stop_at_layer!r}"
-                )
-            for block in self.blocks[:stop_at_layer]:
-                resid = block(resid)
-            return resid
-        for block in self.blocks:
+        n = self.cfg.n_layers
+        start = 0 if start_at_layer is None else _boundary("start_at_layer", start_at_layer, n)
+        stop = n if stop_at_layer is None else _boundary("stop_at_layer", stop_at_layer, n)
+        if stop < start:
+            raise ValueError(f"stop_at_layer={stop_at_layer} comes before start_at_layer={start}")
+        if start_at_layer is None:
+            check_input(x, self.cfg, self.embed.W_E)
+            batch, n_pos, _ = x.shape
+            resid = self.hook_embed(self.embed(x))
+            if self.pos_embed is not None:
+                resid = resid + self.hook_pos_embed(self.pos_embed(batch, n_pos))
+        else:
+            resid = check_input(x, self.cfg, self.embed.W_E, axis="d_model")
+        for block in self.blocks[start:stop]:
             resid = block(resid)
+        if stop_at_layer is not None:
+            return resid
         out = self.unembed(self.ln_final(resid))
         if return_type == "output":
             return out
@@ -287,3 +288,11 @@ class HookedVectorTransformer(HookedModule):
             f"d_mlp={None if c.attn_only else c.d_mlp}, normalization={c.normalization!r}, "
             f"positional={c.positional!r}, params={n_params:,})"
         )
+
+
+def _boundary(name: str, value: object, n_layers: int) -> int:
+    """A block boundary in ``[-n_layers, n_layers]`` as an index in ``[0, n_layers]``;
+    negative values count from the end as in a slice (``-1``: before the last block)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -n_layers <= value <= n_layers:
+        raise ValueError(f"{name} must be an int in [-{n_layers}, {n_layers}], got {value!r}")
+    return value + n_layers if value < 0 else value

@@ -5,19 +5,25 @@ import torch
 from .config import VectorTransformerConfig
 
 
-def check_input(x: object, cfg: VectorTransformerConfig, param: torch.Tensor) -> torch.Tensor:
-    """Raise a clear error unless ``x`` is a finite ``[batch, pos, d_in]`` float tensor that
-    fits ``n_ctx`` and sits on the model's device with the model's dtype."""
+def check_input(
+    x: object, cfg: VectorTransformerConfig, param: torch.Tensor, axis: str = "d_in"
+) -> torch.Tensor:
+    """Raise a clear error unless ``x`` is a finite ``[batch, pos, axis]`` float tensor that
+    fits ``n_ctx`` and sits on the model's device with the model's dtype. ``axis`` is
+    ``"d_in"`` for inputs, ``"d_model"`` for a residual stream fed to a later block."""
+    width = getattr(cfg, axis)
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"expected x as a torch.Tensor [batch, pos, d_in], got {type(x).__name__}")
+        raise TypeError(
+            f"expected x as a torch.Tensor [batch, pos, {axis}], got {type(x).__name__}"
+        )
     if x.ndim != 3:
         hint = " (add a batch axis with x.unsqueeze(0))" if x.ndim == 2 else ""
         raise ValueError(
-            f"expected x of rank 3 [batch, pos, d_in={cfg.d_in}], got shape {tuple(x.shape)}{hint}"
+            f"expected x of rank 3 [batch, pos, {axis}={width}], got shape {tuple(x.shape)}{hint}"
         )
-    if x.shape[-1] != cfg.d_in:
+    if x.shape[-1] != width:
         raise ValueError(
-            f"expected the last axis of x to be d_in={cfg.d_in}, got shape {tuple(x.shape)}"
+            f"expected the last axis of x to be {axis}={width}, got shape {tuple(x.shape)}"
         )
     if x.shape[1] > cfg.n_ctx:
         raise ValueError(
