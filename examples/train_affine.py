@@ -86,6 +86,7 @@ def main() -> None:
                 "train_loss": result.history.train_loss,
                 "eval_steps": result.history.eval_steps,
                 "eval_loss": result.history.eval_loss,
+                "wall_time": result.history.wall_time,
             }
         )
     )
