@@ -31,6 +31,7 @@ def _staged(path: Path, write: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(name, 0o644)  # mkstemp makes 0600 files; a saved model is meant to be shared
     tmp = Path(name)
     try:
         write(tmp)
