@@ -69,19 +69,10 @@ ANALYSIS_SEED = 20_000
 POPULATION_SEED = 30_000
 PAPER_QK_HEADS = (0, 1, 2, 3, 4)  # layer-2 heads patched in the paper (§4.6)
 
-FAST_CONFIG = dict(
-    d_in=8,
-    d_out=8,
-    d_model=32,
-    d_head=8,
-    n_heads=5,
-    n_layers=3,
-    d_mlp=64,
-    n_ctx=16,
-    act_fn="relu",
-    normalization="LN",
-    positional="learned",
-)
+FAST_CONFIG = {
+    **ar.MODEL_CONFIG_KWARGS,
+    **dict(d_in=8, d_out=8, d_model=32, d_head=8, n_heads=5, d_mlp=64, n_ctx=16),
+}
 """The ``--fast`` model: 3 layers (layer-indexed analyses), 5 heads (the heads 0-4 patch)."""
 
 

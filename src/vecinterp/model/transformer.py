@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from ..cache import ActivationCache
 
 RETURN_TYPES = ("output", "loss", "both")
-# activations the cache recomputes from others (kept in step with cache.DERIVABLE)
-DERIVABLE_SUFFIXES = (".attn.hook_result", ".mlp.hook_post")
 
 
 class HookedVectorTransformer(HookedModule):
@@ -179,12 +177,13 @@ class HookedVectorTransformer(HookedModule):
         Returns:
             ``(output, cache)``; activations in the cache are detached.
         """
-        from ..cache import ActivationCache  # the cache layer sits above the model layer
+        # the cache layer sits above the model layer
+        from ..cache import DERIVABLE, ActivationCache
 
         names = self.hook_names(names_filter)
         if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
             # what the cache can recompute exactly is not stored (cache.DERIVABLE)
-            names = [n for n in names if not n.endswith(DERIVABLE_SUFFIXES)]
+            names = [n for n in names if not n.endswith(tuple(DERIVABLE))]
         if incl_bwd and loss_fn is None:
             raise ValueError(
                 "incl_bwd=True needs loss_fn, a function from the output to a scalar, "
