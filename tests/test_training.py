@@ -124,8 +124,10 @@ def test_the_model_passed_in_is_left_unchanged(model):
     assert not torch.equal(result.model.embed.W_E, model.embed.W_E)
 
 
-def test_update_equals_a_hand_written_adamw_loop(model):
-    """Schedule, clipping and AdamW: the loop equals the textbook loop bit for bit."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_update_equals_a_hand_written_adamw_loop(model, fused):
+    """Schedule, clipping and AdamW: the loop equals the textbook loop, bit for bit with the
+    same (fused) AdamW kernel and to rounding with torch's per-tensor one."""
     steps, peak, floor, warmup, clip = 9, 5e-2, 1e-3, 3, 0.5
 
     def hand_lr(s: int) -> float:
@@ -139,7 +141,7 @@ def test_update_equals_a_hand_written_adamw_loop(model):
                  schedule="cosine", grad_clip=clip, weight_decay=0.1, seed=5)  # fmt: skip
     ref = vi.HookedVectorTransformer(CFG, dtype=F64)
     ref.load_state_dict(model.state_dict())
-    opt = torch.optim.AdamW(ref.parameters(), lr=peak, weight_decay=0.1)
+    opt = torch.optim.AdamW(ref.parameters(), lr=peak, weight_decay=0.1, fused=fused)
     gen = torch.Generator().manual_seed(5)
     for s in range(steps):
         x, t, m = make_batch(s, gen)
@@ -150,7 +152,13 @@ def test_update_equals_a_hand_written_adamw_loop(model):
         torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
         opt.step()
     for (name, p), q in zip(result.model.named_parameters(), ref.parameters()):
-        assert torch.equal(p, q), name
+        if fused:
+            assert torch.equal(p, q), name
+        elif not name.endswith("b_K"):
+            # b_K's true gradient is 0 (softmax ignores a constant per row): it receives
+            # rounding noise, which Adam's g / sqrt(v) turns into lr-sized steps in either
+            # kernel, so only the other parameters can agree to rounding.
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14, msg=name)
     assert result.history.lr == [hand_lr(s) for s in range(steps)]
 
 
