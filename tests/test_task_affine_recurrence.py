@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 
+import vecinterp as vi
 from vecinterp.tasks import affine_recurrence as ar
 
 FIELDS = ("inputs", "targets", "loss_mask", "c", "d", "scale")
@@ -220,6 +221,21 @@ def test_presets_match_paper():
     assert ar.PAPER_RECIPE == dict(
         steps=100_000, batch_size=16, lr=1e-4, weight_decay=0.01, optimizer="AdamW"
     )
+
+
+def test_fast_recipe_is_a_valid_train_schedule_from_peak_to_floor():
+    r = ar.FAST_RECIPE
+    sched = dict(
+        lr=r["lr"], steps=r["steps"], warmup_steps=r["warmup_steps"],
+        schedule=r["schedule"], min_lr=r["min_lr"],
+    )  # fmt: skip
+    assert vi.lr_at(0, **sched) == pytest.approx(r["lr"] / r["warmup_steps"])
+    assert vi.lr_at(r["warmup_steps"], **sched) == pytest.approx(r["lr"])
+    assert vi.lr_at(r["steps"] - 1, **sched) == pytest.approx(r["min_lr"], rel=1e-3)
+    # same optimiser and weight decay as the paper: only batch, schedule and clipping differ
+    assert {k: r[k] for k in ("optimizer", "weight_decay")} == {
+        k: ar.PAPER_RECIPE[k] for k in ("optimizer", "weight_decay")
+    }
 
 
 # --- argument validation --------------------------------------------------------------------
