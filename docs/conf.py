@@ -44,6 +44,9 @@ nitpicky = False
 
 templates_path = ["_templates"]
 exclude_patterns = ["_build"]
+# _static/tutorial holds the tutorial's figures (written by examples/affine_recurrence.py);
+# copying it lets a figure link to its full-size image.
+html_static_path = ["_static"]
 
 html_theme = "furo"
 html_title = "vecinterp"

@@ -49,6 +49,15 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
     ``act_name("scale", 1, "ln2")`` is ``"blocks.1.ln2.hook_scale"``;
     ``act_name("embed")`` is ``"hook_embed"``; ``act_name("scale")`` is the final norm's.
     Full names pass through unchanged. Negative layers are resolved by the cache.
+
+    Raises ``KeyError`` for an unknown short name, or a per-block name without a layer.
+
+    Example:
+        >>> from vecinterp.cache import act_name
+        >>> act_name("pattern", 0), act_name("resid_post", 2), act_name("pre", 1)
+        ('blocks.0.attn.hook_pattern', 'blocks.2.hook_resid_post', 'blocks.1.mlp.hook_pre')
+        >>> act_name("scale", 1, "ln2"), act_name("embed"), act_name("scale")
+        ('blocks.1.ln2.hook_scale', 'hook_embed', 'ln_final.hook_scale')
     """
     if "." in name or name.startswith("hook_"):
         return name
@@ -103,6 +112,23 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         cache_dict: hook name to tensor.
         model: the model that produced them (its weights are read by the
             decompositions).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+        >>> y, cache = model.run_with_cache(torch.randn(4, 5, 3))
+        >>> cache["pattern", 0].shape  # [batch, n_heads, dest_pos, src_pos]
+        torch.Size([4, 2, 5, 5])
+        >>> cache["resid_post", -1] is cache["blocks.1.hook_resid_post"]
+        True
+        >>> cache["result", 1].shape  # recomputed from hook_z: [batch, pos, n_heads, d_model]
+        torch.Size([4, 5, 2, 8])
+        >>> parts, labels = cache.decompose_resid(return_labels=True)
+        >>> parts.shape, labels[:3]  # [component, batch, pos, d_model]
+        (torch.Size([6, 4, 5, 8]), ['embed', 'pos_embed', '0_attn_out'])
+        >>> bool(torch.allclose(parts.sum(0), cache["resid_post", -1], atol=1e-5))
+        True
     """
 
     def __init__(self, cache_dict: dict[str, torch.Tensor], model: "HookedVectorTransformer"):

@@ -155,7 +155,7 @@ class FactoredMatrix:
 
     @property
     def shape(self) -> torch.Size:
-        """Shape of ``AB``: ``(*batch, m, n)``."""
+        """Shape of ``AB``, ``(*batch, m, n)``."""
         return torch.Size((*self._A.shape[:-2], self.ldim, self.rdim))
 
     @property
@@ -175,7 +175,7 @@ class FactoredMatrix:
 
     @property
     def ndim(self) -> int:
-        """Number of dims of ``AB``: ``len(batch) + 2``."""
+        """Number of dims of ``AB``, ``len(batch) + 2``."""
         return self._A.ndim
 
     @property

@@ -29,6 +29,14 @@ class LinearFit:
         r2: ``[*fit]`` coefficient of determination, the squared correlation of ``x`` and
             ``y`` (NaN where ``y`` is constant).
         n_points: points per fit.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.analysis.geometry import fit_line
+        >>> fit = fit_line(torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]),
+        ...                torch.tensor([[1.0, 3.0, 5.0], [0.0, -1.0, -2.0]]))
+        >>> fit.slope, fit.intercept, fit.r2, fit.n_points
+        (tensor([ 2., -1.]), tensor([1., 0.]), tensor([1., 1.]), 3)
     """
 
     slope: Float[torch.Tensor, "*fit"]
@@ -47,6 +55,15 @@ class OVLinearity:
             or ``[*vec]`` (one per vector) with ``per_vector=True``.
         heads: the fit for each head's OV circuit: ``[n_heads]`` (``[*vec, n_heads]`` with
             ``per_vector=True``), or ``None`` with ``per_head=False``.
+
+    Example:
+        >>> import vecinterp as vi
+        >>> from vecinterp.analysis.geometry import ov_linearity
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> result = ov_linearity(model, 0, n_random=10, per_vector=True)
+        >>> result.layer, result.summed.slope.shape, result.heads.slope.shape
+        (0, torch.Size([10]), torch.Size([10, 2]))
     """
 
     layer: int

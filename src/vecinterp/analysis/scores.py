@@ -249,7 +249,19 @@ def composition_scores(
 
 
 class CompositionBaseline(NamedTuple):
-    """Composition scores of random matrices: their ``mean``, ``std`` and the ``samples``."""
+    """Composition scores of random matrices: their ``mean``, ``std`` and the ``samples``.
+
+    Returned by :func:`composition_baseline`; ``samples`` is ``[n_samples]``.
+
+    Example:
+        >>> import vecinterp as vi
+        >>> from vecinterp.analysis.scores import composition_baseline
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=16, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+        >>> mean, std, samples = composition_baseline(model, "V", n_samples=20)
+        >>> samples.shape, 0 < mean < 1, std > 0
+        (torch.Size([20]), True, True)
+    """
 
     mean: float
     std: float

@@ -13,7 +13,21 @@ backward hook receives the gradient of the activation and may return a replaceme
 
 
 class HookHandle:
-    """Removes one hook from its :class:`HookPoint` when :meth:`remove` is called."""
+    """Removes one hook from its :class:`HookPoint` when :meth:`remove` is called.
+
+    Returned by :meth:`HookPoint.add_hook` (and by the model's ``add_hook``).
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.hooks import HookPoint
+        >>> point = HookPoint()
+        >>> handle = point.add_hook(lambda x, hook: 10 * x)
+        >>> point(torch.ones(2))
+        tensor([10., 10.])
+        >>> handle.remove()
+        >>> point(torch.ones(2)), point.has_hooks
+        (tensor([1., 1.]), False)
+    """
 
     __slots__ = ("hook_point", "fn", "direction", "is_permanent")
 
@@ -43,6 +57,20 @@ class HookPoint(nn.Module):
 
     Attributes:
         name: the module path, e.g. ``"blocks.0.attn.hook_pattern"`` (set by the model).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> point = model.hook_dict["blocks.0.attn.hook_pattern"]
+        >>> point.name
+        'blocks.0.attn.hook_pattern'
+        >>> seen = []
+        >>> handle = point.add_hook(lambda pattern, hook: seen.append(pattern.shape))
+        >>> _ = model(torch.randn(4, 5, 3))
+        >>> handle.remove()
+        >>> seen  # [batch, n_heads, dest_pos, src_pos]
+        [torch.Size([4, 2, 5, 5])]
     """
 
     def __init__(self) -> None:

@@ -22,6 +22,23 @@ class HookedModule(nn.Module):
     """Base class: names every :class:`HookPoint` below it and manages their hooks.
 
     Subclasses call :meth:`setup_hooks` at the end of ``__init__``.
+    :class:`~vecinterp.HookedVectorTransformer` is one.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.hooks import HookedModule, HookPoint
+        >>> class Doubler(HookedModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.hook_in = HookPoint()
+        ...         self.setup_hooks()
+        ...     def forward(self, x):
+        ...         return 2 * self.hook_in(x)
+        >>> model = Doubler()
+        >>> list(model.hook_dict)
+        ['hook_in']
+        >>> model.run_with_hooks(torch.ones(2), fwd_hooks=[("hook_in", lambda x, hook: x + 1)])
+        tensor([4., 4.])
     """
 
     hook_dict: dict[str, HookPoint]

@@ -130,6 +130,20 @@ def load(
     The dtype is the saved one. Raises ``FileNotFoundError`` for a missing file and
     ``ValueError`` for a corrupted file or weights that do not match the config (listing
     the missing, unexpected and mis-shaped tensors).
+
+    Args:
+        path: the directory :func:`save` wrote.
+        device: where to put the weights (default: the CPU).
+
+    Example:
+        >>> import tempfile, torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> x = torch.randn(2, 5, 3)
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     again = vi.load(vi.save(model, f"{d}/run"))
+        >>> torch.equal(again(x), model(x)), again is model
+        (True, False)
     """
     directory = Path(path)
     if not directory.is_dir():

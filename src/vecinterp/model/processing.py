@@ -108,6 +108,17 @@ def center_writing_weights(model: HookedVectorTransformer) -> HookedVectorTransf
     Returns:
         A new model with the same outputs (residual-stream activations change by their
         mean over ``d_model``).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> centred = vi.center_writing_weights(model)
+        >>> bool(centred.W_E.detach().mean(-1).abs().max() < 1e-6)  # W_E [d_in, d_model]
+        True
+        >>> x = torch.randn(2, 5, 3)
+        >>> bool(torch.allclose(model(x), centred(x), atol=1e-5))
+        True
     """
     cfg = model.cfg
     if not cfg.is_mean_removing:
@@ -145,6 +156,19 @@ def fold_value_biases(model: HookedVectorTransformer) -> HookedVectorTransformer
 
     Returns:
         A new model with the same outputs (``hook_v``/``hook_z``/``hook_result`` change).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> with torch.no_grad():
+        ...     _ = model.blocks[0].attn.b_V.normal_()  # b_V [n_heads, d_head]
+        >>> folded = vi.fold_value_biases(model)
+        >>> bool(folded.blocks[0].attn.b_V.eq(0).all())
+        True
+        >>> x = torch.randn(2, 5, 3)
+        >>> bool(torch.allclose(model(x), folded(x), atol=1e-5))
+        True
     """
     new = _copy(model, model.cfg)
     with torch.no_grad():

@@ -239,22 +239,22 @@ class HookedVectorTransformer(HookedModule):
 
     @property
     def W_Q(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
-        """Every layer's ``W_Q`` stacked: ``[n_layers, n_heads, d_model, d_head]``."""
+        """Every layer's ``W_Q`` stacked, ``[n_layers, n_heads, d_model, d_head]``."""
         return self._stack("W_Q")
 
     @property
     def W_K(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
-        """Every layer's ``W_K`` stacked: ``[n_layers, n_heads, d_model, d_head]``."""
+        """Every layer's ``W_K`` stacked, ``[n_layers, n_heads, d_model, d_head]``."""
         return self._stack("W_K")
 
     @property
     def W_V(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
-        """Every layer's ``W_V`` stacked: ``[n_layers, n_heads, d_model, d_head]``."""
+        """Every layer's ``W_V`` stacked, ``[n_layers, n_heads, d_model, d_head]``."""
         return self._stack("W_V")
 
     @property
     def W_O(self) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
-        """Every layer's ``W_O`` stacked: ``[n_layers, n_heads, d_head, d_model]``."""
+        """Every layer's ``W_O`` stacked, ``[n_layers, n_heads, d_head, d_model]``."""
         return self._stack("W_O")
 
     @property

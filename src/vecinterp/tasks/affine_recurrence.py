@@ -147,7 +147,8 @@ PAPER_RECIPE = dict(
     weight_decay=0.01,
     optimizer="AdamW",
 )
-"""The paper's training recipe (§3.2): AdamW, MSE on the masked positions, fresh batches."""
+"""The paper's training recipe (§3.2), AdamW with MSE on the masked positions and fresh
+batches."""
 
 FAST_RECIPE = dict(
     steps=6_000,

@@ -26,6 +26,19 @@ class PlainTransformer(nn.Module):
         cfg: the configuration the state dict belongs to.
         state_dict: a :class:`~vecinterp.HookedVectorTransformer` state dict (its tensors
             are copied).
+
+    Its ``forward`` maps ``[batch, pos, d_in]`` to ``[batch, pos, d_out]`` like the hooked
+    model's.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.testing import PlainTransformer
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+        >>> plain = PlainTransformer(model.cfg, model.state_dict())
+        >>> x = torch.randn(2, 5, 3)
+        >>> bool(torch.allclose(plain(x), model(x), atol=1e-5))
+        True
     """
 
     # buffers registered in __init__ (only for the matching cfg.positional)

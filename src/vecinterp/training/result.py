@@ -67,6 +67,17 @@ class TrainResult:
         optimizer: the AdamW optimizer, in its final state.
         device: where the model was trained.
         checkpoint: the newest checkpoint written (or resumed from), or ``None``.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> def make_batch(step, gen):  # (inputs, targets), [batch, pos, d_in/d_out]
+        ...     x = torch.randn(8, 4, 2, generator=gen)
+        ...     return x, -x
+        >>> result = vi.train(model, make_batch, steps=5, lr=1e-2, progress=False, device="cpu")
+        >>> result.model is model, len(result.history.train_loss), result.device, result.checkpoint
+        (False, 5, device(type='cpu'), None)
     """
 
     model: HookedVectorTransformer
@@ -87,6 +98,18 @@ class TrainingDivergedError(FloatingPointError):
         quantity: what was not finite (``"loss"``, ``"gradient norm"``, ``"eval loss"``).
         value: the non-finite value.
         checkpoint: the newest checkpoint (the one to resume from), or ``None``.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> def bad_batch(step, gen):  # targets blow up at step 1
+        ...     return torch.randn(2, 4, 2), torch.full((2, 4, 2), 1e30 if step == 1 else 0.0)
+        >>> try:
+        ...     vi.train(model, bad_batch, steps=3, lr=1e-3, progress=False, device="cpu")
+        ... except vi.TrainingDivergedError as err:
+        ...     print(err.step, err.quantity, err.value, err.checkpoint)
+        1 loss inf None
     """
 
     def __init__(self, step: int, quantity: str, value: float, checkpoint: Path | None):
