@@ -19,7 +19,7 @@ import torch
 import vecinterp as vi
 import vecinterp.analysis
 import vecinterp.testing
-from vecinterp.tasks import affine_recurrence
+from vecinterp.tasks import affine_recurrence, induction
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -28,16 +28,13 @@ API_RST = (DOCS / "api.rst").read_text()
 # Public names that need no ``Example:`` section, with the reason.
 EXAMPLE_EXEMPT: dict[str, str] = {}
 
-# Module-level constants of the task module: documented as data in api.rst, no example.
-CONSTANTS = {
-    "COEFF_BOUND",
-    "DEFAULT_DIM",
-    "DEFAULT_MAX_LEN",
-    "DEFAULT_MIN_LEN",
-    "FIRST_SCORED_POS",
-    "MODEL_CONFIG_KWARGS",
-    "PAPER_RECIPE",
-}
+# The task modules: their functions and classes need an entry and an example; their
+# module-level constants (UPPER_CASE) need an ``.. autodata::`` entry.
+TASK_MODULES = [affine_recurrence, induction]
+
+
+def _constants(module: types.ModuleType) -> list[str]:
+    return [n for n in vars(module) if n.isupper() and not n.startswith("_")]
 
 
 def _defined_in(module: types.ModuleType) -> list[str]:
@@ -63,10 +60,8 @@ def _public() -> dict[str, object]:
     names.update(
         {f"vecinterp.testing.{n}": getattr(vecinterp.testing, n) for n in vecinterp.testing.__all__}
     )
-    ar = affine_recurrence.__name__
-    names.update(
-        {f"{ar}.{n}": getattr(affine_recurrence, n) for n in _defined_in(affine_recurrence)}
-    )
+    for task in TASK_MODULES:
+        names.update({f"{task.__name__}.{n}": getattr(task, n) for n in _defined_in(task)})
     try:
         import vecinterp.plot as plot
     except ImportError:  # the plot extra is optional
@@ -128,10 +123,12 @@ def test_public_name_has_docstring_and_example(qualname):
     assert ">>> " in section.group(2), f"{qualname}'s Example section has no doctest"
 
 
-def test_task_constants_are_documented():
-    for name in CONSTANTS:
-        assert getattr(affine_recurrence, name) is not None
-        assert f".. autodata:: {name}" in API_RST, f"{name} missing from docs/api.rst"
+@pytest.mark.parametrize("task", TASK_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_task_constants_are_documented(task):
+    entries = set(_api_entries())
+    assert _constants(task), f"{task.__name__} has no constants?"
+    for name in _constants(task):
+        assert (task.__name__, name) in entries, f"{task.__name__}.{name} missing from api.rst"
 
 
 def test_the_exemption_list_is_current():

@@ -5,6 +5,9 @@ minGPT's ``adder.py``.
 
 - :mod:`vecinterp.tasks.affine_recurrence`: predict ``a_n = c a_{n-1} + d`` in context
   (Bhargav & Gu, 2024).
+- :mod:`vecinterp.tasks.induction`: vector induction, a random sequence repeated (the
+  induction-head story of Elhage et al., 2021, with vectors).
 """
 
 from . import affine_recurrence as affine_recurrence
+from . import induction as induction
