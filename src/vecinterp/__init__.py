@@ -23,6 +23,12 @@ from .analysis import __all__ as _analysis_all
 from .cache import ActivationCache, act_name
 from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
+from .interop import (
+    from_transformer_lens,
+    tl_forward_vectors,
+    tl_run_with_cache_vectors,
+    to_transformer_lens,
+)
 from .loss import masked_mse
 from .model import HookedVectorTransformer, VectorTransformerConfig
 from .model.io import load, save
@@ -69,4 +75,8 @@ __all__ = [
     "masked_mse",
     "process_weights",
     "save",
+    "from_transformer_lens",
+    "tl_forward_vectors",
+    "tl_run_with_cache_vectors",
+    "to_transformer_lens",
 ]

@@ -1,0 +1,21 @@
+"""Interoperability with other libraries (optional extras, imported only when used).
+
+- TransformerLens 3 (``pip install "vecinterp[transformer-lens]"``):
+  :func:`to_transformer_lens`, :func:`from_transformer_lens`, and
+  :func:`tl_forward_vectors` / :func:`tl_run_with_cache_vectors` to run a TransformerLens
+  model on vector inputs.
+"""
+
+from .transformer_lens import (
+    from_transformer_lens,
+    tl_forward_vectors,
+    tl_run_with_cache_vectors,
+    to_transformer_lens,
+)
+
+__all__ = [
+    "from_transformer_lens",
+    "tl_forward_vectors",
+    "tl_run_with_cache_vectors",
+    "to_transformer_lens",
+]
