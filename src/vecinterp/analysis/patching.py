@@ -128,7 +128,9 @@ def activation_patching(
     mask (``torch.where``, so unpatched values are copied bit for bit). Each copy's
     output is then exactly what a single-cell run would give, up to the BLAS kernels'
     summation order for different batch sizes (bit-identical in our float64 tests).
-    A pass never mixes hook points.
+    A pass never mixes hook points, and for a hook point in block ``L`` it starts at block
+    ``L`` from the corrupted residual stream, computed once (``start_at_layer``): the
+    blocks before ``L`` are the same in every copy.
 
     Args:
         model: the model (not modified; the hooks are removed even on errors).
@@ -201,9 +203,18 @@ def activation_patching(
             for name in names
             for start in range(0, len(cells), k_max)
         ]
+        # Blocks before the patched one see the same corrupted input in every copy: run them
+        # once per hook point and start each patched pass at the patched block.
+        starts = {name: _start_layer(name) for name in names}
+        resid = {
+            layer: model(corrupted_x, stop_at_layer=layer) if layer else corrupted_x
+            for layer in set(starts.values())
+        }
         values: list[torch.Tensor] = []
         for name, chunk in tqdm(passes, desc="activation patching", disable=not progress):
-            values += _patched_pass(model, corrupted_x, metric, name, clean_acts[name], chunk)
+            values += _patched_pass(
+                model, resid[starts[name]], starts[name], metric, name, clean_acts[name], chunk
+            )
     result = torch.stack(values).reshape(len(names), *cell_shape)
     return result if layered else result[0]
 
@@ -290,16 +301,25 @@ def _clean_activations(
     return acts
 
 
+def _start_layer(name: str) -> int:
+    """The block a pass patching hook point ``name`` can start at: its own block for
+    ``blocks.L.*`` (0 for the embedding hooks, which come before every block)."""
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "blocks" else 0
+
+
 def _patched_pass(
     model: HookedVectorTransformer,
     corrupted_x: torch.Tensor,
+    start: int,
     metric: Metric,
     name: str,
     clean: torch.Tensor,
     chunk: Sequence[tuple[int | slice, ...]],
 ) -> list[torch.Tensor]:
     """One forward pass over ``len(chunk)`` copies of the corrupted batch, copy ``i``
-    patched at cell ``chunk[i]``; the metric of each copy."""
+    patched at cell ``chunk[i]``; the metric of each copy. ``corrupted_x`` is the corrupted
+    input (``start == 0``) or its residual stream entering block ``start``."""
     k, batch = len(chunk), corrupted_x.shape[0]
     n_indexed = 1 if _layout(name) == "position" else 2
 
@@ -318,7 +338,8 @@ def _patched_pass(
         return torch.where(mask, clean.to(act)[None], tiled).reshape(act.shape)
 
     x = corrupted_x.repeat(k, 1, 1)
-    out = model.run_with_hooks(x, fwd_hooks=[(name, hook)])
+    with model.hooks(fwd_hooks=[(name, hook)]):
+        out = model(x, start_at_layer=start) if start else model(x)
     out = out.reshape(k, batch, *out.shape[1:])
     return [_scalar(metric(out[i]), out) for i in range(k)]
 
