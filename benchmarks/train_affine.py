@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, help="override FAST_RECIPE's steps")
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--probe-every", type=int, default=500)
+    parser.add_argument("--probe-every", type=int, default=1000)
     parser.add_argument("--probe-steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the figures to this JSON file")
