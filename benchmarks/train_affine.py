@@ -2,24 +2,36 @@
 recipe (``affine_recurrence.FAST_RECIPE``) against the paper's (``PAPER_RECIPE``: 100k
 steps, batch 16, AdamW lr 1e-4), both run by ``vecinterp.train`` on the same machine.
 
-The fast recipe is trained in full; its figure is the wall time until the first evaluation
-(every ``--eval-every`` steps, on ``fixed_eval_set(24, 64, seed=10_000)``) at or below the
-target, evaluations included. The paper's recipe is not run for 100k steps: its time per
-step is measured in probes of ``--probe-steps`` steps spread over the fast run (every
-``--probe-every`` fast steps, plus one before it starts) and **extrapolated** to 100k
-steps. Interleaving the probes with the fast run means a busy machine slows both alike;
-the probes' own time is subtracted from the fast run's clock. The paper's recipe's time
-per step does not depend on how far its training has got (same shapes, same lengths
-distribution), so probes from a fresh model measure it fairly; whether it actually reaches
-1e-4 in 100k steps is the paper's claim, not measured here.
+Neither recipe is run to the end by default (the paper's would take hours on 2 cores).
+Two modes:
 
-Run: python benchmarks/train_affine.py [--threads 2] [--json results.json]
+``--mode steps`` (default, a few minutes): the time per step of each recipe is measured in
+interleaved rounds (``--rounds``; each round times ``--probe-steps`` steps of the paper's
+recipe, then ``--probe-steps // 4`` of the fast one, each from a fresh model, so a busy
+machine slows both alike), and the figures are **extrapolated**: the paper's recipe to its
+100k steps, the fast one to the number of steps it needed to reach the target in its full
+training run, read from that run's history (``--history``, default the shipped
+checkpoint's ``history.json``: the first evaluation at or below 1e-4). The time per step
+does not depend on how far training has got (same shapes, same lengths distribution).
+
+``--mode full``: the fast recipe is trained in full here; its figure is the wall time
+until the first evaluation (every ``--eval-every`` steps, on ``fixed_eval_set(24, 64,
+seed=10_000)``) at or below the target, evaluations included, with probes of the paper's
+recipe spread over the run (every ``--probe-every`` fast steps) whose time is subtracted
+from the fast run's clock. About 30 minutes on an idle 2-core machine.
+
+Whether the paper's recipe itself reaches 1e-4 in 100k steps is the paper's claim, not
+measured here.
+
+Run: python benchmarks/train_affine.py [--mode steps|full] [--threads 2] [--json out.json]
 """
 
 import argparse
 import json
 import platform
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,6 +39,7 @@ import vecinterp as vi
 from vecinterp.tasks import affine_recurrence as ar
 
 TARGET = 1e-4
+HISTORY = Path(__file__).resolve().parents[1] / "checkpoints" / "affine_recurrence" / "history.json"
 
 
 def train_kwargs(recipe: dict) -> dict:
@@ -35,9 +48,11 @@ def train_kwargs(recipe: dict) -> dict:
     return {k: recipe[k] for k in keys if k in recipe}
 
 
-def paper_probe(cfg: vi.VectorTransformerConfig, steps: int, seed: int) -> float:
-    """Seconds per step of the paper's recipe over ``steps`` steps of a fresh model."""
-    bs = ar.PAPER_RECIPE["batch_size"]
+def probe(cfg: vi.VectorTransformerConfig, recipe: dict, steps: int, seed: int) -> float:
+    """Seconds for ``steps`` steps of ``recipe`` on a fresh model."""
+    bs = recipe["batch_size"]
+    kwargs = train_kwargs(recipe)
+    kwargs["warmup_steps"] = min(kwargs.get("warmup_steps", 0), steps)
     model = vi.HookedVectorTransformer(cfg, seed=seed)
     start = time.perf_counter()
     vi.train(
@@ -46,15 +61,25 @@ def paper_probe(cfg: vi.VectorTransformerConfig, steps: int, seed: int) -> float
         steps=steps,
         seed=seed,
         progress=False,
-        **train_kwargs(ar.PAPER_RECIPE),
+        **kwargs,
     )
     return time.perf_counter() - start
 
 
+def steps_to_target(history: Path) -> int | None:
+    """The first evaluated step with an eval MSE <= TARGET in a ``history.json``."""
+    h = json.loads(history.read_text())
+    pairs = zip(h["eval_steps"], h["eval_loss"], strict=True)
+    return next((s for s, v in pairs if v <= TARGET), None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("steps", "full"), default="steps")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, help="override FAST_RECIPE's steps")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--history", type=Path, default=HISTORY)
+    parser.add_argument("--steps", type=int, help="full mode: override FAST_RECIPE's steps")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--probe-every", type=int, default=1000)
     parser.add_argument("--probe-steps", type=int, default=100)
@@ -62,8 +87,64 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-
     cfg = vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS)
+    figures = steps_mode(cfg, args) if args.mode == "steps" else full_mode(cfg, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+
+
+def machine() -> dict:
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
+    }
+
+
+def steps_mode(cfg: vi.VectorTransformerConfig, args: argparse.Namespace) -> dict:
+    hit = steps_to_target(args.history)
+    if hit is None:
+        raise SystemExit(f"{args.history} never reaches eval MSE <= {TARGET:g}")
+    paper, fast = ar.PAPER_RECIPE, ar.FAST_RECIPE
+    n_paper, n_fast = args.probe_steps, max(1, args.probe_steps // 4)
+    probe(cfg, paper, 5, seed=0)  # warm-up: first-call costs (imports, allocator)
+    t_paper, t_fast = [], []
+    for r in range(args.rounds):
+        t_paper.append(probe(cfg, paper, n_paper, seed=r + 1) / n_paper)
+        t_fast.append(probe(cfg, fast, n_fast, seed=r + 1) / n_fast)
+        print(f"round {r}: paper {t_paper[-1]:.4f} s/step, fast {t_fast[-1]:.4f} s/step")
+    med_p, med_f = statistics.median(t_paper), statistics.median(t_fast)
+    paper_total = med_p * paper["steps"]
+    fast_total = med_f * hit
+    ratios = [p * paper["steps"] / (f * hit) for p, f in zip(t_paper, t_fast, strict=True)]
+    figures = {
+        **machine(),
+        "mode": "steps",
+        "history": str(args.history),
+        "fast_steps_to_target": hit,
+        "paper_seconds_per_step": t_paper,
+        "fast_seconds_per_step": t_fast,
+        "paper_extrapolated_seconds": paper_total,
+        "fast_extrapolated_seconds_to_target": fast_total,
+        "speedup_median": paper_total / fast_total,
+        "speedup_per_round": ratios,
+    }
+    print(f"\nmachine: {figures['machine']}, torch {torch.__version__}")
+    print(f"{'recipe':<30}{'steps':>8}{'batch':>7}{'s/step (median)':>17}{'wall (s)':>10}")
+    print(f"{'paper, 100k steps':<30}{paper['steps']:>8}{paper['batch_size']:>7}"
+          f"{med_p:>17.4f}{paper_total:>10.0f}")  # fmt: skip
+    print(f"{'fast, steps to eval <= 1e-4':<30}{hit:>8}{fast['batch_size']:>7}"
+          f"{med_f:>17.4f}{fast_total:>10.0f}")  # fmt: skip
+    print(
+        f"speed-up {figures['speedup_median']:.2f}x (per round: "
+        + ", ".join(f"{x:.2f}" for x in ratios)
+        + "); both extrapolated from the measured time per step"
+    )
+    return figures
+
+
+def full_mode(cfg: vi.VectorTransformerConfig, args: argparse.Namespace) -> dict:
     fast = dict(ar.FAST_RECIPE)
     if args.steps is not None:
         fast["steps"] = args.steps
@@ -71,12 +152,14 @@ def main() -> None:
     eval_set = ar.fixed_eval_set(24, 64, seed=10_000)
     bs = fast["batch_size"]
 
+    paper = ar.PAPER_RECIPE
     probes: list[tuple[int, float]] = []  # (fast step after which it ran, seconds)
-    probes.append((-1, paper_probe(cfg, args.probe_steps, seed=1)))
+    probe(cfg, paper, 5, seed=0)  # warm-up: first-call costs (imports, allocator)
+    probes.append((-1, probe(cfg, paper, args.probe_steps, seed=1)))
 
-    def probe(step: int, metrics: dict) -> None:
+    def callback(step: int, metrics: dict) -> None:
         if (step + 1) % args.probe_every == 0:
-            probes.append((step, paper_probe(cfg, args.probe_steps, seed=len(probes) + 1)))
+            probes.append((step, probe(cfg, paper, args.probe_steps, seed=len(probes) + 1)))
 
     result = vi.train(
         vi.HookedVectorTransformer(cfg, seed=args.seed),
@@ -85,7 +168,7 @@ def main() -> None:
         eval_data=eval_set,
         eval_every=args.eval_every,
         seed=args.seed,
-        callback=probe,
+        callback=callback,
         **train_kwargs(fast),
     )
     hist = result.history
@@ -105,9 +188,8 @@ def main() -> None:
     fast_total = fast_clock(fast["steps"])
     to_target = fast_clock(hit) if hit is not None else None
     figures = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
-        "torch": torch.__version__,
+        **machine(),
+        "mode": "full",
         "fast_recipe": fast,
         "paper_recipe": ar.PAPER_RECIPE,
         "paper_seconds_per_step": per_step,
@@ -142,9 +224,7 @@ def main() -> None:
         )
     per = figures["paper_probe_seconds_per_step"]
     print(f"paper s/step over {len(per)} probes: min {min(per):.4f}, max {max(per):.4f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    return figures
 
 
 if __name__ == "__main__":
