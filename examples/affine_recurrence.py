@@ -600,7 +600,7 @@ def save_figures(
         d["bar_labels"],
         ax=ax,
         title="direct attribution along the next vector (mean, scored positions)",
-        ylabel="⟨LN(c) W_U, a_{n+1}⟩",
+        ylabel="⟨LN(c) $W_U$, $a_{n+1}$⟩",
     )
     save(fig, "attribution.png")
 
@@ -638,8 +638,8 @@ def save_figures(
 
     e = results["eigen"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), layout="constrained")
-    plot.plot_score_grid(e["ov"], ax=axes[0], title="OV eigenvalue scores", center=0.0)
-    plot.plot_score_grid(e["qk"], ax=axes[1], title="QK eigenvalue scores", center=0.0)
+    plot.plot_score_grid(e["ov"], ax=axes[0], title="OV eigenvalue scores", center=0.0, limit=1.0)
+    plot.plot_score_grid(e["qk"], ax=axes[1], title="QK eigenvalue scores", center=0.0, limit=1.0)
     save(fig, "eigenvalue_scores.png")
 
     lens = results["lens"]["lens"]
@@ -651,7 +651,7 @@ def save_figures(
             batch.targets[idx, last],
             ax=ax,
             title=f"{label} (c = {float(batch.c[idx]):+.2f}), last position",
-            labels=("after layer 0 through W_U", "target a_{n+1}"),
+            labels=("after layer 0 through $W_U$", "target $a_{n+1}$"),
         )
     save(fig, "residual_vs_target.png")
 

@@ -19,7 +19,7 @@ import torch
 import vecinterp as vi
 import vecinterp.analysis
 import vecinterp.testing
-from vecinterp.tasks import affine_recurrence, induction
+from vecinterp.tasks import affine_recurrence, induction, retrieval
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -30,7 +30,7 @@ EXAMPLE_EXEMPT: dict[str, str] = {}
 
 # The task modules: their functions and classes need an entry and an example; their
 # module-level constants (UPPER_CASE) need an ``.. autodata::`` entry.
-TASK_MODULES = [affine_recurrence, induction]
+TASK_MODULES = [affine_recurrence, induction, retrieval]
 
 
 def _constants(module: types.ModuleType) -> list[str]:

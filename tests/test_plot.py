@@ -191,16 +191,28 @@ def test_plot_score_grid_default_scale_and_all_nan(tmp_path):
     assert len(ax.texts) == 0
 
 
+def test_plot_score_grid_fixed_limit_about_center():
+    ax = vplot.plot_score_grid(np.array([[0.2, -0.3]]), center=0.0)
+    assert ax.images[0].get_clim() == (-0.3, 0.3)  # default: the largest deviation
+    ax = vplot.plot_score_grid(np.array([[0.2, -0.3]]), center=0.0, limit=1)
+    assert ax.images[0].get_clim() == (-1.0, 1.0)
+    ax = vplot.plot_score_grid(np.array([[0.2, -0.3]]), center=0.5, limit=2)
+    assert ax.images[0].get_clim() == (-1.5, 2.5)
+
+
 @pytest.mark.parametrize(
-    ("scores", "match"),
+    ("scores", "kwargs", "match"),
     [
-        (np.zeros(3), r"scores must be a non-empty array \[n_layers, n_heads\]"),
-        (np.array([[1.0, np.inf]]), "scores must not hold ±inf"),
+        (np.zeros(3), {}, r"scores must be a non-empty array \[n_layers, n_heads\]"),
+        (np.array([[1.0, np.inf]]), {}, "scores must not hold ±inf"),
+        (np.ones((1, 2)), dict(limit=1.0), "limit needs center"),
+        (np.ones((1, 2)), dict(center=0.0, limit=0.0), "limit must be a positive finite"),
+        (np.ones((1, 2)), dict(center=0.0, limit=np.nan), "limit must be a positive finite"),
     ],
 )
-def test_plot_score_grid_rejects_bad_scores(scores, match):
+def test_plot_score_grid_rejects_bad_arguments(scores, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        vplot.plot_score_grid(scores)
+        vplot.plot_score_grid(scores, **kwargs)
 
 
 # -------------------------------------------------------------------- attribution, fit

@@ -34,6 +34,7 @@ __all__ = [
     "plot_attention",
     "plot_attention_grid",
     "plot_attribution",
+    "plot_emergence",
     "plot_fit",
     "plot_loss",
     "plot_matrix",
@@ -261,7 +262,7 @@ def plot_attention_grid(
         squeeze=False,
         sharex=True,
         sharey=True,
-        figsize=(2.3 * n_cols + 1.2, 2.2 * n_rows + (0.5 if title else 0.2)),
+        figsize=(2.05 * n_cols + 1.0, 2.2 * n_rows + (0.5 if title else 0.2)),
         layout="constrained",
     )
     for i in range(n_rows):
@@ -346,6 +347,7 @@ def plot_score_grid(
     fmt: str = ".2f",
     cmap: str | None = None,
     center: SupportsFloat | None = None,
+    limit: SupportsFloat | None = None,
     annotate: bool = True,
 ) -> Axes:
     """A layer × head table of scores, each cell coloured and annotated with its value.
@@ -362,6 +364,9 @@ def plot_score_grid(
         center: if given, a diverging scale symmetric about it
             (``[center - d, center + d]``, ``d = max |score - center|``); e.g. ``center=0``
             for eigenvalue scores in ``[-1, 1]``. Default: the scores' range.
+        limit: with ``center``, the half-width ``d`` of the scale instead of the largest
+            deviation, so that figures share one scale (``limit=1`` for scores in
+            ``[-1, 1]``).
         annotate: write each value in its cell.
 
     Returns:
@@ -385,13 +390,20 @@ def plot_score_grid(
         raise ValueError("scores must not hold ±inf (use NaN for cells without a score)")
     missing = np.isnan(values)
     finite = values[~missing]
+    if center is None and limit is not None:
+        raise ValueError("limit needs center (it is the half-width of a scale about center)")
     if center is None:
         vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         cmap = cmap or "viridis"
     else:
         c = float(center)
-        half = float(np.abs(finite - c).max()) if finite.size else 1.0
-        half = half if half > 0 else 1.0
+        if limit is not None:
+            half = float(limit)
+            if not half > 0 or not np.isfinite(half):
+                raise ValueError(f"limit must be a positive finite number, got {limit!r}")
+        else:
+            half = float(np.abs(finite - c).max()) if finite.size else 1.0
+            half = half if half > 0 else 1.0
         vmin, vmax = c - half, c + half
         cmap = cmap or _DIVERGING_CMAP
     if vmin == vmax:
@@ -508,9 +520,9 @@ def plot_fit(
 
     Without ``slope``/``intercept``, the least-squares line is fitted (``np.polyfit``,
     degree 1) on all points. ``R² = 1 − Σ(y − ŷ)² / Σ(y − ȳ)²`` of the drawn line is computed
-    when not given, and shown in the legend with the line's equation. Paper 001 §4.4 uses
-    this for ``(x_d, (x OV)_d)``; :func:`vecinterp.analysis.geometry.fit_line` gives the
-    numbers.
+    when not given, and shown in the legend with the line's equation. Bhargav & Gu (2024,
+    §4.4) use this for ``(x_d, (x OV)_d)``; :func:`vecinterp.analysis.geometry.fit_line`
+    gives the numbers.
 
     Args:
         x: pairs' first coordinates, any shape (flattened).
@@ -678,9 +690,10 @@ def plot_residual_vs_target(
     title: str | None = None,
     labels: Sequence[str] = ("residual through W_U", "target"),
 ) -> Axes:
-    """An estimate and its target as two line plots over their components (paper 001,
-    Figures 14 and 17): how well, e.g., the residual stream read through ``ln_final`` and
-    ``W_U`` after some layer already matches the next vector.
+    """An estimate and its target as two line plots over their components.
+
+    As in Bhargav & Gu (2024), Figures 14 and 17: how well, e.g., the residual stream read
+    through ``ln_final`` and ``W_U`` after some layer already matches the next vector.
 
     Args:
         estimate: ``[d_out]`` vector, e.g. one position of
@@ -726,5 +739,92 @@ def plot_residual_vs_target(
     ax.set_ylabel("value")
     if title is not None:
         ax.set_title(title)
-    ax.legend()
+    # below the axes: a legend inside would cover the data (every component carries some)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    return ax
+
+
+# ---------------------------------------------------------------------------- emergence
+
+
+def plot_emergence(
+    table: Any,
+    names: Sequence[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    log: bool = False,
+    threshold: float | None = None,
+    title: str | None = None,
+    ylabel: str = "value",
+) -> Axes:
+    """Quantities of an emergence table against the training step (Musat 2024, Figure 6
+    and Appendix D): average attention along circuit paths, partial losses, ...
+
+    Args:
+        table: an :class:`~vecinterp.analysis.emergence.EmergenceTable` (anything with a
+            ``to_dict()``) or its ``to_dict()`` form, ``{"step": [...], "name": [...],
+            "value": [...]}`` (e.g. read back from its CSV).
+        names: the quantities to draw, in this order; ``None`` draws every quantity.
+        ax: axes to draw on; a new figure when ``None``.
+        log: log-scale y axis (for losses; non-positive values are then not drawn).
+        threshold: draw a dashed horizontal line there (e.g. 0.5, the paper's "emerged").
+        title: axes title.
+        ylabel: y-axis label.
+
+    Returns:
+        The axes: ``ax.lines[i]`` is quantity ``names[i]`` (x: steps ascending, y: its
+        values), then the threshold line if any.
+
+    Raises:
+        TypeError: ``table`` is neither an emergence table nor its dict form.
+        ValueError: ``names`` is a string or empty, or the dict's columns differ in length.
+        KeyError: a name that the table does not hold.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> from vecinterp.analysis.emergence import EmergenceTable
+        >>> from vecinterp.plot import plot_emergence
+        >>> t = EmergenceTable(((0, "L1H0 Q->R0", 0.1), (50, "L1H0 Q->R0", 0.8)))
+        >>> ax = plot_emergence(t, threshold=0.5)
+        >>> [line.get_label() for line in ax.lines][0], ax.get_xlabel()
+        ('L1H0 Q->R0', 'step')
+        >>> plt.close(ax.figure)
+    """
+    columns = table.to_dict() if hasattr(table, "to_dict") else table
+    if not isinstance(columns, dict) or not {"step", "name", "value"} <= set(columns):
+        raise TypeError(
+            "table must be an EmergenceTable or a dict with 'step', 'name' and 'value' lists, "
+            f"got {type(table).__name__}"
+        )
+    steps, labels, values = columns["step"], columns["name"], columns["value"]
+    if not len(steps) == len(labels) == len(values):
+        raise ValueError(
+            f"the table's columns differ in length: step {len(steps)}, name {len(labels)}, "
+            f"value {len(values)}"
+        )
+    known = list(dict.fromkeys(labels))
+    if names is None:
+        names = known
+    if isinstance(names, str) or len(names) == 0:
+        raise ValueError(f"names must be a non-empty list of quantity names, got {names!r}")
+    ax = _new_axes(ax, (6.0, 3.6))
+    for name in names:
+        if name not in known:
+            raise KeyError(f"no quantity {name!r} in the table; it has {known}")
+        pairs = sorted(
+            (float(s), float(v)) for s, n, v in zip(steps, labels, values, strict=True) if n == name
+        )
+        ax.plot([s for s, _ in pairs], [v for _, v in pairs], marker="o", markersize=3, label=name)
+    if threshold is not None:
+        line = _scalar(threshold, "threshold")
+        ax.axhline(line, color="0.5", linestyle="--", linewidth=1.0, label=f"{line:g}")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small")
     return ax

@@ -1,6 +1,7 @@
-"""Analysis: circuits and scores, direct attribution, ablation, patching, head detectors and
-geometry. Every function works on any :class:`~vecinterp.HookedVectorTransformer` and
-returns new tensors or models; none edits the model it is given."""
+"""Analysis: circuits and scores, direct attribution, ablation, patching, head detectors,
+geometry and emergence across checkpoints. Every function works on any
+:class:`~vecinterp.HookedVectorTransformer` and returns new tensors or models; none edits
+the model it is given."""
 
 from .ablation import (
     ablate,
@@ -27,6 +28,7 @@ from .detectors import (
     previous_position_target,
     repeated_random_vectors,
 )
+from .emergence import EmergenceTable, emergence, path_attention
 from .geometry import (
     LinearFit,
     OVLinearity,
@@ -39,6 +41,9 @@ from .patching import activation_patching, patch_hook, patch_qk_identity
 from .scores import CompositionBaseline, composition_baseline, composition_scores, eigenvalue_scores
 
 __all__ = [
+    "EmergenceTable",
+    "emergence",
+    "path_attention",
     "ablate",
     "ablate_heads",
     "ablate_patterns",

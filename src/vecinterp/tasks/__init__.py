@@ -7,7 +7,10 @@ minGPT's ``adder.py``.
   (Bhargav & Gu, 2024).
 - :mod:`vecinterp.tasks.induction`: vector induction, a random sequence repeated (the
   induction-head story of Elhage et al., 2021, with vectors).
+- :mod:`vecinterp.tasks.retrieval`: the retrieval problem of Musat (2024): follow chains
+  of symbol pairs in context (implicit-curriculum and plain targets).
 """
 
 from . import affine_recurrence as affine_recurrence
 from . import induction as induction
+from . import retrieval as retrieval
