@@ -1,7 +1,10 @@
 """Shared test helpers: small random models whose every parameter is non-trivial."""
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 
+import jaxtyping
 import torch
 
 import vecinterp as vi
@@ -58,3 +61,18 @@ def all_option_cfgs():
         yield tiny_cfg(
             normalization=norm, positional=pos, act_fn=act, causal=causal, embed_bias=True
         )
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Switch the suite's jaxtyping + beartype runtime checks off for the block.
+
+    The test suite runs vecinterp under that import hook, which rejects an argument that
+    contradicts its annotation before the library's own checks run; users do not run the
+    checker, so the library's own messages are tested with it switched off."""
+    before = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", before)

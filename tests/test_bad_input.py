@@ -7,7 +7,6 @@ checked with the runtime checks switched off (``unchecked()``), and that the che
 still rejects the input is checked separately.
 """
 
-import contextlib
 import re
 
 import jaxtyping
@@ -16,20 +15,9 @@ import pytest
 import torch
 
 import vecinterp as vi
-from helpers import random_input, random_model, tiny_cfg
+from helpers import random_input, random_model, tiny_cfg, unchecked
 
 F64 = torch.float64
-
-
-@contextlib.contextmanager
-def unchecked():
-    """Switch jaxtyping/typeguard runtime checks off, as for a user without the hook."""
-    before = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping.config.update("jaxtyping_disable", before)
 
 
 @pytest.fixture(scope="module")

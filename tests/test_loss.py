@@ -1,27 +1,12 @@
 """masked_mse: hand-worked values for every mask shape and reduction, errors, gradients."""
 
-import contextlib
-
-import jaxtyping
 import pytest
 import torch
 
 import vecinterp as vi
-from helpers import random_input, random_model, tiny_cfg
+from helpers import random_input, random_model, tiny_cfg, unchecked
 
 F64 = torch.float64
-
-
-@contextlib.contextmanager
-def shape_checks_off():
-    """Run the library's own argument checks, which users see, instead of the jaxtyping
-    checks that the test suite's import hook puts in front of them."""
-    before = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping.config.update("jaxtyping_disable", before)
 
 
 @pytest.fixture
@@ -178,7 +163,7 @@ def test_shape_mismatch(pair, target_shape):
     with pytest.raises((TypeError, ValueError)):
         vi.masked_mse(pred, target)
     # ... and without them, masked_mse's own check names both shapes
-    with shape_checks_off(), pytest.raises(ValueError, match=r"\(2, 3, 2\).*differ in shape"):
+    with unchecked(), pytest.raises(ValueError, match=r"\(2, 3, 2\).*differ in shape"):
         vi.masked_mse(pred, target)
 
 
@@ -188,7 +173,7 @@ def test_non_bool_mask(pair, dtype):
     mask = torch.ones(2, 3, dtype=dtype)
     with pytest.raises(TypeError):
         vi.masked_mse(pred, target, mask)
-    with shape_checks_off(), pytest.raises(TypeError, match="bool"):
+    with unchecked(), pytest.raises(TypeError, match="bool"):
         vi.masked_mse(pred, target, mask)
 
 
@@ -198,7 +183,7 @@ def test_wrong_mask_shape(pair, mask_shape):
     mask = torch.ones(mask_shape, dtype=torch.bool)
     with pytest.raises((TypeError, ValueError)):
         vi.masked_mse(pred, target, mask)
-    with shape_checks_off(), pytest.raises(ValueError, match=r"loss_mask must have shape"):
+    with unchecked(), pytest.raises(ValueError, match=r"loss_mask must have shape"):
         vi.masked_mse(pred, target, mask)
 
 

@@ -1,7 +1,6 @@
 """The training loop: learning, exact resume, atomic checkpoints, divergence, schedule,
 clipping, evaluation, and one clear error per bad argument."""
 
-import contextlib
 import doctest
 import importlib
 import itertools
@@ -10,13 +9,12 @@ import os
 import re
 from pathlib import Path
 
-import jaxtyping
 import pytest
 import safetensors.torch
 import torch
 
 import vecinterp as vi
-from helpers import random_model, tiny_cfg
+from helpers import random_model, tiny_cfg, unchecked
 from vecinterp.tasks import affine_recurrence as ar
 from vecinterp.training import (
     TrainHistory,
@@ -68,17 +66,6 @@ def model() -> vi.HookedVectorTransformer:
 def eval_set():
     gen = torch.Generator().manual_seed(99)
     return [make_batch(i, gen) for i in range(2)]
-
-
-@contextlib.contextmanager
-def unchecked():
-    """Runtime annotation checks off, so the library's own message is what is tested."""
-    before = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping.config.update("jaxtyping_disable", before)
 
 
 def run(model, data=make_batch, **kwargs):

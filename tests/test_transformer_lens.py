@@ -6,12 +6,10 @@ TransformerLens is the optional extra ``vecinterp[transformer-lens]``: without i
 module is skipped (with the reason shown by ``pytest -rs``).
 """
 
-import contextlib
 import math
 import sys
 import types
 
-import jaxtyping
 import pytest
 import torch
 
@@ -23,7 +21,7 @@ pytest.importorskip(
 import transformer_lens as tl  # noqa: E402
 
 import vecinterp as vi  # noqa: E402
-from helpers import random_input, random_model, tiny_cfg  # noqa: E402
+from helpers import random_input, random_model, tiny_cfg, unchecked  # noqa: E402
 from vecinterp.interop.transformer_lens import (  # noqa: E402
     from_transformer_lens,
     tl_forward_vectors,
@@ -64,19 +62,6 @@ CFGS = {
 # only with use_split_qkv_input / use_attn_in / use_hook_mlp_in), the input of the
 # unembedding (= the output of ln_final), and an MLP hook attn-only blocks never fire
 TL_ONLY_PER_BLOCK = ["hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"]
-
-
-@contextlib.contextmanager
-def unchecked():
-    """The suite runs vecinterp under jaxtyping + beartype, which rejects an argument that
-    contradicts its annotation before the library's own checks; users do not run that
-    checker, so their messages are checked with it switched off."""
-    before = jaxtyping.config.jaxtyping_disable
-    jaxtyping.config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping.config.update("jaxtyping_disable", before)
 
 
 def converted(cfg: vi.VectorTransformerConfig, dtype: torch.dtype, **kwargs):
