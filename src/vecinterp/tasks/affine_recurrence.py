@@ -114,6 +114,8 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float
 
+from ._common import check_device, check_dtype, check_int, resolve_generator, seeded_generator
+
 DEFAULT_DIM = 40
 """Vector dimension in the paper (its ``d_vocab = dim(a_n) = 40``)."""
 DEFAULT_MIN_LEN = 3
@@ -166,8 +168,6 @@ FAST_RECIPE = dict(
 batches (which cost less per sequence on a CPU), a 10x higher peak learning rate reached by
 a linear warm-up, then a cosine decay to 1 % of the peak, and gradient clipping at total
 norm 1; 0.48x the paper's sequences in 0.12x its updates."""
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -260,17 +260,9 @@ def generate(
     """
     _check_common(batch_size, dim, min_len, max_len, dtype)
     if length is not None:
-        _check_int("length", length, minimum=DEFAULT_MIN_LEN, why=_WHY_MIN_LEN)
-    if seed is not None and generator is not None:
-        raise ValueError("pass at most one of seed and generator, got both")
-    if seed is not None:
-        generator = _seeded_generator(seed)
-    if generator is not None and generator.device.type != "cpu":
-        raise ValueError(
-            f"generator must be a CPU torch.Generator (data are drawn on the CPU, then "
-            f"moved to device), got one on {generator.device}"
-        )
-    device = _check_device(device)
+        check_int("length", length, minimum=DEFAULT_MIN_LEN, why=_WHY_MIN_LEN)
+    generator = resolve_generator(generator, seed)
+    device = check_device(device)
 
     a_0 = _uniform((batch_size, dim), -COEFF_BOUND, COEFF_BOUND, generator)
     d = _uniform((batch_size, dim), -COEFF_BOUND, COEFF_BOUND, generator)
@@ -336,9 +328,9 @@ def batches(
     """
     _check_common(batch_size, dim, min_len, max_len, dtype)
     if length is not None:
-        _check_int("length", length, minimum=DEFAULT_MIN_LEN, why=_WHY_MIN_LEN)
-    generator = _seeded_generator(seed)
-    device = _check_device(device)
+        check_int("length", length, minimum=DEFAULT_MIN_LEN, why=_WHY_MIN_LEN)
+    generator = seeded_generator(seed)
+    device = check_device(device)
 
     return _stream(
         generator,
@@ -386,10 +378,10 @@ def fixed_eval_set(
         >>> [b.length for b in evals]
         [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     """
-    _check_int("n_batches", n_batches, minimum=1)
+    check_int("n_batches", n_batches, minimum=1)
     _check_common(batch_size, dim, min_len, max_len, dtype)
-    generator = _seeded_generator(seed)
-    device = _check_device(device)
+    generator = seeded_generator(seed)
+    device = check_device(device)
     n_lengths = max_len - min_len + 1
     return [
         generate(
@@ -407,32 +399,14 @@ def fixed_eval_set(
 _WHY_MIN_LEN = "the loss starts at the prediction of a_3, output position 2"
 
 
-def _check_int(name: str, value: int, *, minimum: int, why: str = "") -> None:
-    # bool is an int subclass; True as a batch size is surely a mistake.
-    if isinstance(value, bool) or value < minimum:
-        reason = f" ({why})" if why else ""
-        raise ValueError(f"{name} must be an int >= {minimum}{reason}, got {value!r}")
-
-
 def _check_common(
     batch_size: int, dim: int, min_len: int, max_len: int, dtype: torch.dtype
 ) -> None:
-    _check_int("batch_size", batch_size, minimum=1)
-    _check_int("dim", dim, minimum=1)
-    _check_int("min_len", min_len, minimum=DEFAULT_MIN_LEN, why=_WHY_MIN_LEN)
-    _check_int("max_len", max_len, minimum=min_len, why=f"min_len is {min_len}")
-    if dtype not in _FLOAT_DTYPES:
-        allowed = ", ".join(str(t) for t in _FLOAT_DTYPES)
-        raise ValueError(f"dtype must be one of {allowed}, got {dtype}")
-
-
-def _check_device(device: str | torch.device) -> torch.device:
-    try:
-        return torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(
-            f"device must be a valid torch device such as 'cpu' or 'cuda:0', got {device!r}"
-        ) from err
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("dim", dim, minimum=1)
+    check_int("min_len", min_len, minimum=DEFAULT_MIN_LEN, why=_WHY_MIN_LEN)
+    check_int("max_len", max_len, minimum=min_len, why=f"min_len is {min_len}")
+    check_dtype(dtype)
 
 
 def _uniform(
@@ -440,9 +414,3 @@ def _uniform(
 ) -> torch.Tensor:
     unit = torch.rand(shape, generator=generator, dtype=torch.float64)
     return low + (high - low) * unit
-
-
-def _seeded_generator(seed: int) -> torch.Generator:
-    if isinstance(seed, bool) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-    return torch.Generator(device="cpu").manual_seed(seed)

@@ -134,6 +134,7 @@ from jaxtyping import Bool, Float
 
 from ..analysis.detectors import repeated_random_vectors
 from ..model.config import VectorTransformerConfig
+from ._common import check_device, check_dtype, check_int, resolve_generator, seeded_generator
 
 __all__ = [
     "DEFAULT_DIM",
@@ -171,7 +172,6 @@ RECIPE: dict[str, Any] = dict(
 everything else keyword arguments of :func:`vecinterp.train` (AdamW, masked MSE, fresh
 batches with ``m`` drawn from ``DEFAULT_MIN_M .. DEFAULT_MAX_M``)."""
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SEED_BOUND = 2**62  # vector seeds are drawn uniformly from [0, _SEED_BOUND)
 
 
@@ -262,9 +262,9 @@ def generate(
     """
     _check_common(batch_size, dim, min_m, max_m, dtype)
     if m is not None:
-        _check_int("m", m, minimum=MIN_M, why=_WHY_MIN_M)
-    generator = _resolve_generator(generator, seed)
-    device = _check_device(device)
+        check_int("m", m, minimum=MIN_M, why=_WHY_MIN_M)
+    generator = resolve_generator(generator, seed)
+    device = check_device(device)
     if m is None:
         m = int(torch.randint(min_m, max_m + 1, (1,), generator=generator).item())
     vector_seed = int(torch.randint(0, _SEED_BOUND, (1,), generator=generator).item())
@@ -307,9 +307,9 @@ def batches(
     """
     _check_common(batch_size, dim, min_m, max_m, dtype)
     if m is not None:
-        _check_int("m", m, minimum=MIN_M, why=_WHY_MIN_M)
-    generator = _seeded_generator(seed)
-    device = _check_device(device)
+        check_int("m", m, minimum=MIN_M, why=_WHY_MIN_M)
+    generator = seeded_generator(seed)
+    device = check_device(device)
     kwargs = dict(m=m, dim=dim, min_m=min_m, max_m=max_m, dtype=dtype, device=device)
     return _stream(batch_size, generator, kwargs)
 
@@ -346,10 +346,10 @@ def fixed_eval_set(
         >>> [b.m for b in fixed_eval_set(5, 2, seed=0, dim=3, min_m=2, max_m=4)]
         [2, 3, 4, 2, 3]
     """
-    _check_int("n_batches", n_batches, minimum=1)
+    check_int("n_batches", n_batches, minimum=1)
     _check_common(batch_size, dim, min_m, max_m, dtype)
-    generator = _seeded_generator(seed)
-    device = _check_device(device)
+    generator = seeded_generator(seed)
+    device = check_device(device)
     n_periods = max_m - min_m + 1
     return [
         generate(
@@ -395,8 +395,8 @@ def model_config(
         >>> cfg.n_layers, cfg.attn_only, cfg.n_ctx, cfg.positional, cfg.d_in
         (2, True, 32, 'rotary', 16)
     """
-    _check_int("dim", dim, minimum=1)
-    _check_int("max_m", max_m, minimum=MIN_M, why=_WHY_MIN_M)
+    check_int("dim", dim, minimum=1)
+    check_int("max_m", max_m, minimum=MIN_M, why=_WHY_MIN_M)
     return VectorTransformerConfig(
         d_in=dim,
         d_out=dim,
@@ -414,55 +414,12 @@ def model_config(
 _WHY_MIN_M = "with m = 1 induction is the same as copying the current vector"
 
 
-def _check_int(name: str, value: object, *, minimum: int, why: str = "") -> None:
-    # bool is an int subclass; True as a batch size is surely a mistake.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        reason = f" ({why})" if why else ""
-        raise ValueError(f"{name} must be an int >= {minimum}{reason}, got {value!r}")
-
-
 def _check_common(
     batch_size: object, dim: object, min_m: object, max_m: object, dtype: object
 ) -> None:
-    _check_int("batch_size", batch_size, minimum=1)
-    _check_int("dim", dim, minimum=1)
-    _check_int("min_m", min_m, minimum=MIN_M, why=_WHY_MIN_M)
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("dim", dim, minimum=1)
+    check_int("min_m", min_m, minimum=MIN_M, why=_WHY_MIN_M)
     assert isinstance(min_m, int)
-    _check_int("max_m", max_m, minimum=min_m, why=f"min_m is {min_m}")
-    if dtype not in _FLOAT_DTYPES:
-        allowed = ", ".join(str(t) for t in _FLOAT_DTYPES)
-        raise ValueError(f"dtype must be one of {allowed}, got {dtype}")
-
-
-def _resolve_generator(
-    generator: torch.Generator | None, seed: int | None
-) -> torch.Generator | None:
-    if seed is not None and generator is not None:
-        raise ValueError("pass at most one of seed and generator, got both")
-    if seed is not None:
-        return _seeded_generator(seed)
-    if generator is None:
-        return None
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if generator.device.type != "cpu":
-        raise ValueError(
-            "generator must be a CPU torch.Generator (data are drawn on the CPU, then moved "
-            f"to device), got one on {generator.device}"
-        )
-    return generator
-
-
-def _seeded_generator(seed: int) -> torch.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def _check_device(device: str | torch.device) -> torch.device:
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(
-            f"device must be a valid torch device such as 'cpu' or 'cuda:0', got {device!r}"
-        ) from err
+    check_int("max_m", max_m, minimum=min_m, why=f"min_m is {min_m}")
+    check_dtype(dtype)

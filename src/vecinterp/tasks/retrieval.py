@@ -117,6 +117,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 
 from ..model.config import VectorTransformerConfig
+from ._common import check_device, check_dtype, check_int, resolve_generator
 
 __all__ = [
     "DEFAULT_CHAINS",
@@ -150,8 +151,6 @@ PAPER_RECIPE = dict(
 )
 """The paper's training recipe (§7.1): Adam with decoupled weight decay 0.1 (AdamW), lr
 1e-3, batch 512, 10k steps, MSE, no dropout, a fixed set of ``2^20`` training sequences."""
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -240,7 +239,7 @@ def role_names(depth: int) -> list[str]:
         >>> role_names(2)
         ['L0', 'R0', 'L1', 'R1', 'Q']
     """
-    _check_int("depth", depth, minimum=1)
+    check_int("depth", depth, minimum=1)
     return [f"{side}{i}" for i in range(depth) for side in "LR"] + ["Q"]
 
 
@@ -312,8 +311,8 @@ def generate(
         (torch.Size([8, 28, 8]), torch.Size([8, 28, 12]), [24, 25, 26, 27])
     """
     _check_common(batch_size, depth, n_chains, dim, implicit_curriculum, rotary_base, dtype)
-    generator = _resolve_generator(generator, seed)
-    device = _check_device(device)
+    generator = resolve_generator(generator, seed)
+    device = check_device(device)
     B, N, D, K = batch_size, n_chains, depth, dim
 
     symbols = torch.randn(B, N, D + 1, K, generator=generator, dtype=torch.float64)
@@ -383,8 +382,8 @@ def batches(
         torch.Size([4, 10, 8])
     """
     _check_common(batch_size, depth, n_chains, dim, implicit_curriculum, rotary_base, dtype)
-    generator = _resolve_generator(None, seed)
-    device = _check_device(device)
+    generator = resolve_generator(None, seed)
+    device = check_device(device)
     kwargs = dict(
         n_chains=n_chains,
         dim=dim,
@@ -462,7 +461,7 @@ def min_layers(depth: int) -> int:
         >>> [min_layers(d) for d in (1, 2, 3, 4, 5, 14)]
         [1, 2, 2, 2, 3, 4]
     """
-    _check_int("depth", depth, minimum=1)
+    check_int("depth", depth, minimum=1)
     return max(1, math.ceil(math.log(2 * depth, 3) - 1e-12))
 
 
@@ -501,13 +500,13 @@ def model_config(
         >>> cfg.d_in, cfg.d_out, cfg.n_ctx, cfg.n_heads, cfg.d_model, cfg.positional
         (8, 12, 28, 8, 128, 'none')
     """
-    _check_int("depth", depth, minimum=1)
-    _check_int("n_layers", n_layers, minimum=1)
-    _check_int("n_chains", n_chains, minimum=1)
+    check_int("depth", depth, minimum=1)
+    check_int("n_layers", n_layers, minimum=1)
+    check_int("n_chains", n_chains, minimum=1)
     _check_dim(dim)
     _check_bool("implicit_curriculum", implicit_curriculum)
-    _check_int("n_heads", n_heads, minimum=1)
-    _check_int("d_model", d_model, minimum=1)
+    check_int("n_heads", n_heads, minimum=1)
+    check_int("d_model", d_model, minimum=1)
     if d_head is None:
         if d_model % n_heads:
             raise ValueError(
@@ -531,11 +530,6 @@ def model_config(
 
 
 # ------------------------------------------------------------------------------ checks
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -564,38 +558,10 @@ def _check_common(
     rotary_base: float,
     dtype: torch.dtype,
 ) -> None:
-    _check_int("batch_size", batch_size, minimum=1)
-    _check_int("depth", depth, minimum=1)
-    _check_int("n_chains", n_chains, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("depth", depth, minimum=1)
+    check_int("n_chains", n_chains, minimum=1)
     _check_dim(dim)
     _check_bool("implicit_curriculum", implicit_curriculum)
     _check_base(rotary_base)
-    if dtype not in _FLOAT_DTYPES:
-        allowed = ", ".join(str(t) for t in _FLOAT_DTYPES)
-        raise ValueError(f"dtype must be one of {allowed}, got {dtype}")
-
-
-def _check_device(device: str | torch.device) -> torch.device:
-    try:
-        return torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(
-            f"device must be a valid torch device such as 'cpu' or 'cuda:0', got {device!r}"
-        ) from err
-
-
-def _resolve_generator(
-    generator: torch.Generator | None, seed: int | None
-) -> torch.Generator | None:
-    if seed is not None and generator is not None:
-        raise ValueError("pass at most one of seed and generator, got both")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-    if generator is not None and generator.device.type != "cpu":
-        raise ValueError(
-            f"generator must be a CPU torch.Generator (data are drawn on the CPU, then "
-            f"moved to device), got one on {generator.device}"
-        )
-    return generator
+    check_dtype(dtype)
