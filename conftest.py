@@ -13,7 +13,8 @@ import torch
 # Do not import vecinterp here: conftest files load before jaxtyping's import hook is
 # installed (--jaxtyping-packages), and a module imported now would go unchecked.
 
-# Tiny models everywhere: with more than one thread, OpenMP wake-ups cost more than the math.
+# Tiny models everywhere (tests and doctests): with more than one thread, OpenMP wake-ups
+# cost more than the arithmetic (a 2x2x6x6 softmax took 20 ms on a busy 2-core machine).
 torch.set_num_threads(1)
 
 # path (relative to this file) -> the optional package its doctests import
