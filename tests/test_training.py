@@ -165,6 +165,21 @@ def test_warmup_cosine_values_equal_the_hand_formula():
     assert lr_at(0, lr=0.1, steps=5, schedule="cosine") == 0.1  # no warm-up: starts at peak
 
 
+def test_warmup_linear_values_equal_the_hand_formula():
+    kw = dict(lr=0.1, steps=20, warmup_steps=4, schedule="linear", min_lr=0.01)
+    assert lr_at(0, **kw) == pytest.approx(0.025, abs=1e-15)
+    assert lr_at(3, **kw) == pytest.approx(0.1, abs=1e-15)
+    assert lr_at(4, **kw) == pytest.approx(0.1, abs=1e-15)  # the decay starts at the peak
+    assert lr_at(12, **kw) == pytest.approx(0.055, abs=1e-15)  # half-way: (0.1 + 0.01) / 2
+    assert lr_at(19, **kw) == pytest.approx(0.01 + 0.09 / 16, abs=1e-15)  # one step before S
+    to_zero = [lr_at(s, lr=0.8, steps=4, schedule="linear") for s in range(4)]
+    assert to_zero == pytest.approx([0.8, 0.6, 0.4, 0.2], abs=1e-15)  # ends one step above 0
+    # linear lies below the cosine in the first half of the decay, above it in the second
+    both = dict(lr=0.1, steps=20, warmup_steps=4, min_lr=0.01)
+    assert lr_at(8, schedule="linear", **both) < lr_at(8, schedule="cosine", **both)
+    assert lr_at(16, schedule="linear", **both) > lr_at(16, schedule="cosine", **both)
+
+
 def test_lr_at_rejects_a_step_outside_the_run():
     with pytest.raises(ValueError, match=r"step must be an int in \[0, steps=5\), got 5"):
         lr_at(5, lr=0.1, steps=5)
@@ -451,9 +466,10 @@ BAD = [
     (dict(eps=0.0), ValueError, "eps must be a finite number > 0"),
     (dict(warmup_steps=9), ValueError, "warmup_steps must be <= steps=8, got 9"),
     (dict(warmup_steps=-1), ValueError, "warmup_steps must be an int >= 0, got -1"),
-    (dict(schedule="linear"), ValueError, "schedule must be one of ('constant', 'cosine')"),
+    (dict(schedule="step"), ValueError, "schedule must be one of ('constant', 'cosine', 'linear')"),
     (dict(schedule="cosine", min_lr=1.0), ValueError, "min_lr must be a number in [0, lr=0.01]"),
-    (dict(min_lr=1e-4), ValueError, "min_lr applies only to schedule='cosine'"),
+    (dict(min_lr=1e-4), ValueError, "min_lr applies only to a decaying schedule"),
+    (dict(schedule="linear", min_lr=1.0), ValueError, "min_lr must be a number in [0, lr=0.01]"),
     (dict(grad_clip=0.0), ValueError, "grad_clip must be a finite number > 0"),
     (dict(eval_every=5), ValueError, "eval_every needs eval_data"),
     (dict(checkpoint_every=5), ValueError, "checkpoint_every needs checkpoint_dir"),

@@ -2,7 +2,7 @@
 
 - :func:`train` — the loop; returns a :class:`TrainResult` with a :class:`TrainHistory`.
 - :func:`evaluate` — mean masked MSE over an evaluation set.
-- :func:`lr_at` — the warm-up + constant/cosine learning-rate schedule.
+- :func:`lr_at` — the warm-up + constant/cosine/linear learning-rate schedule.
 - :func:`latest_checkpoint` — the newest checkpoint of a run (load its model with
   ``vecinterp.load(path / "model")``).
 - :func:`default_device` — ``cuda`` if present, else ``cpu``.

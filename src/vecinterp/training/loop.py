@@ -59,7 +59,8 @@ def train(
     :math:`\mathcal{L}_s = \mathrm{MSE}_{\text{mask}}(f_\theta(x_s), t_s)`, clips the
     gradient to total norm ``grad_clip`` (if given) and takes an AdamW step with learning
     rate :func:`~vecinterp.training.schedule.lr_at` ``(s)`` (linear warm-up, then constant
-    or cosine). Training runs on a copy: ``model`` itself is left unchanged.
+    or a cosine or linear decay). Training runs on a copy: ``model`` itself is left
+    unchanged.
 
     Data, in two forms:
 
@@ -93,8 +94,9 @@ def train(
         weight_decay: AdamW's decoupled weight decay (>= 0), on every parameter.
         betas, eps: AdamW's moment decay rates (each in [0, 1)) and epsilon (> 0).
         warmup_steps: linear warm-up length, ``0 .. steps``.
-        schedule: ``"constant"`` or ``"cosine"`` (decays to ``min_lr`` at ``steps``).
-        min_lr: the cosine's floor, ``0 .. lr``.
+        schedule: ``"constant"``, ``"cosine"`` or ``"linear"`` (the last two decay to
+            ``min_lr`` at ``steps``).
+        min_lr: the decay's floor, ``0 .. lr``.
         grad_clip: clip the total gradient norm to this (> 0); ``None``: no clipping.
         eval_data: a batch, a list of batches (mean of per-batch MSEs, see
             :func:`~vecinterp.training.data.evaluate`) or ``fn(model) -> float``;

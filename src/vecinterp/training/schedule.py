@@ -1,8 +1,8 @@
-"""The learning-rate schedule: optional linear warm-up, then constant or cosine decay."""
+"""The learning-rate schedule: optional linear warm-up, then constant, cosine or linear decay."""
 
 import math
 
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "linear")
 
 
 def lr_at(
@@ -25,24 +25,32 @@ def lr_at(
             \eta & s \ge W,\ \text{constant} \\[4pt]
             \eta_{\min} + \tfrac12 (\eta - \eta_{\min})
                 \left(1 + \cos \pi \dfrac{s - W}{S - W}\right) & s \ge W,\ \text{cosine}
+                \\[4pt]
+            \eta_{\min} + (\eta - \eta_{\min})
+                \left(1 - \dfrac{s - W}{S - W}\right) & s \ge W,\ \text{linear}
         \end{cases}
 
     The first update already moves (``(0 + 1) / W``), the warm-up ends at the peak, and the
-    cosine starts at the peak and approaches ``min_lr`` at step ``S``.
+    decay (cosine or linear) starts at the peak and approaches ``min_lr`` at step ``S``.
+    The linear decay to zero spends more of the run at a moderate rate than the cosine
+    and, on the affine-recurrence task, reached a given MSE in fewer steps.
 
     Args:
         step: the update, ``0 <= step < steps``.
         lr: peak learning rate (> 0).
         steps: length of the run (>= 1).
         warmup_steps: linear warm-up length, ``0 <= warmup_steps <= steps``.
-        schedule: ``"constant"`` or ``"cosine"``.
-        min_lr: the cosine's floor, ``0 <= min_lr <= lr`` (only for ``"cosine"``).
+        schedule: ``"constant"``, ``"cosine"`` or ``"linear"``.
+        min_lr: the decay's floor, ``0 <= min_lr <= lr`` (only for ``"cosine"`` and
+            ``"linear"``).
 
     Example:
         >>> from vecinterp.training.schedule import lr_at
         >>> [round(lr_at(s, lr=1.0, steps=6, warmup_steps=2, schedule="cosine"), 4)
         ...  for s in range(6)]
         [0.5, 1.0, 1.0, 0.8536, 0.5, 0.1464]
+        >>> [lr_at(s, lr=1.0, steps=6, warmup_steps=2, schedule="linear") for s in range(6)]
+        [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
     """
     check_schedule(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr=min_lr)
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < steps:
@@ -52,6 +60,8 @@ def lr_at(
     if schedule == "constant":
         return lr
     progress = (step - warmup_steps) / (steps - warmup_steps)
+    if schedule == "linear":
+        return min_lr + (lr - min_lr) * (1.0 - progress)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
@@ -68,8 +78,10 @@ def check_schedule(
         raise ValueError(f"warmup_steps must be <= steps={steps}, got {warmup_steps}")
     if not _is_real(min_lr) or not 0.0 <= min_lr <= lr:
         raise ValueError(f"min_lr must be a number in [0, lr={lr}], got {min_lr!r}")
-    if schedule != "cosine" and min_lr != 0.0:
-        raise ValueError(f"min_lr applies only to schedule='cosine', got schedule={schedule!r}")
+    if schedule == "constant" and min_lr != 0.0:
+        raise ValueError(
+            f"min_lr applies only to a decaying schedule ('cosine', 'linear'), got {schedule!r}"
+        )
 
 
 def check_int(name: str, value: object, *, minimum: int) -> None:
