@@ -152,6 +152,62 @@ def test_update_equals_a_hand_written_adamw_loop(model, fused):
 # --- schedule and clipping ----------------------------------------------------------------
 
 
+# --- weight average ---------------------------------------------------------------------
+
+
+def test_weight_average_equals_the_hand_formula(model, eval_set):
+    """avg_t = theta_t up to ema_start, then decay * avg_{t-1} + (1 - decay) * theta_t, where
+    theta_t is the last iterate after t updates (the same for every run length: constant
+    schedule, same batches)."""
+    decay, start, steps = 0.75, 2, 5
+    iterates = [dict(run(model, steps=t).model.named_parameters()) for t in range(1, steps + 1)]
+    result = run(model, steps=steps, ema_decay=decay, ema_start=start, eval_data=eval_set)
+    plain = run(model, steps=steps)
+    for name, p in result.raw_model.named_parameters():  # averaging leaves training alone
+        assert torch.equal(p, dict(plain.model.named_parameters())[name]), name
+    for name, avg in result.model.named_parameters():
+        expected = iterates[start - 1][name]
+        for t in range(start + 1, steps + 1):
+            expected = decay * expected + (1 - decay) * iterates[t - 1][name]
+        torch.testing.assert_close(avg, expected, rtol=1e-12, atol=1e-15, msg=name)
+    assert result.model is not result.raw_model
+    assert not torch.equal(result.model.embed.W_E, result.raw_model.embed.W_E)
+    # the history evaluates the average: what result.model is
+    assert result.history.eval_loss[-1] == evaluate(result.model, eval_set)
+    assert result.history.eval_loss[0] == evaluate(model, eval_set)
+    assert result.model.training and result.raw_model.training
+
+
+def test_weight_average_reduces_the_noise_of_a_high_learning_rate(model, eval_set):
+    steps = 60
+    result = run(model, steps=steps, lr=5e-2, ema_decay=0.9, ema_start=30, eval_data=eval_set)
+    assert evaluate(result.model, eval_set) < evaluate(result.raw_model, eval_set)
+
+
+def test_resume_with_a_weight_average_is_bit_identical(model, eval_set, tmp_path):
+    kw = dict(steps=8, ema_decay=0.8, ema_start=2, eval_data=eval_set, eval_every=3,
+              checkpoint_every=3, checkpoint_dir=tmp_path / "a")  # fmt: skip
+    whole = run(model, **{**kw, "checkpoint_dir": tmp_path / "whole"})
+    with pytest.raises(Crash):
+        run(model, callback=crash_at(4), **kw)  # dies after the checkpoint of step 3
+    resumed = run(model, resume=True, **kw)
+    assert_same_run(whole, resumed)
+    for (name, p), (_, q) in zip(
+        whole.raw_model.named_parameters(), resumed.raw_model.named_parameters()
+    ):
+        assert torch.equal(p, q), name
+    files = sorted(p.name for p in (latest_checkpoint(tmp_path / "a") / "average").iterdir())
+    assert files == ["config.json", "model.safetensors"]
+
+
+def test_resume_with_another_weight_average_is_refused(model, tmp_path):
+    run(model, steps=4, ema_decay=0.9, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"ema_decay: checkpoint 0.9, now 0.8"):
+        run(model, steps=6, ema_decay=0.8, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(ValueError, match=r"ema_decay: checkpoint 0.9, now None"):
+        run(model, steps=6, checkpoint_dir=tmp_path, resume=True)
+
+
 def test_warmup_cosine_values_equal_the_hand_formula():
     kw = dict(lr=0.1, steps=20, warmup_steps=4, schedule="cosine", min_lr=0.01)
     assert lr_at(0, **kw) == pytest.approx(0.025, abs=1e-15)
@@ -487,6 +543,12 @@ BAD = [
     (dict(eval_data=iter([])), ValueError, "eval_data is an iterator, which would be used up"),
     (dict(eval_data=[]), ValueError, "eval_data holds no batch"),
     (dict(eval_data=3), TypeError, "eval_data must be a batch or an iterable of batches"),
+    (dict(ema_decay=1.0), ValueError, "ema_decay must be a number in (0, 1) or None, got 1.0"),
+    (dict(ema_decay=0.0), ValueError, "ema_decay must be a number in (0, 1) or None, got 0.0"),
+    (dict(ema_decay=True), ValueError, "ema_decay must be a number in (0, 1) or None, got True"),
+    (dict(ema_start=2), ValueError, "ema_start needs ema_decay"),
+    (dict(ema_decay=0.9, ema_start=-1), ValueError, "ema_start must be an int >= 0, got -1"),
+    (dict(ema_decay=0.9, ema_start=8), ValueError, "ema_start must be < steps=8, got 8"),
 ]  # fmt: skip
 
 

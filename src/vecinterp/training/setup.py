@@ -84,6 +84,21 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def check_ema(ema_decay: object, ema_start: object, steps: int) -> None:
+    """Raise ``ValueError`` for a weight-average decay outside (0, 1) or a bad start."""
+    if ema_decay is not None and (
+        isinstance(ema_decay, bool)
+        or not isinstance(ema_decay, (int, float))
+        or not 0.0 < ema_decay < 1.0
+    ):
+        raise ValueError(f"ema_decay must be a number in (0, 1) or None, got {ema_decay!r}")
+    check_int("ema_start", ema_start, minimum=0)
+    if ema_decay is None and ema_start != 0:
+        raise ValueError("ema_start needs ema_decay (the average it starts)")
+    if ema_start >= steps:  # type: ignore[operator]
+        raise ValueError(f"ema_start must be < steps={steps}, got {ema_start!r}")
+
+
 def check_args(
     model: object, steps: object, lr: object, weight_decay: object, betas: object,
     eps: object, grad_clip: object, eval_data: object, eval_every: object,
