@@ -69,8 +69,9 @@ def train(
     then :math:`\bar\theta_t = \beta \bar\theta_{t-1} + (1 - \beta) \theta_t`. The
     average is what is evaluated and returned (``result.model``; the last iterate is
     ``result.raw_model``) and what checkpoints save beside the iterate. Averaging removes
-    much of the noise that a high learning rate leaves in the last iterate (on the affine
-    recurrences, ``ema_decay=0.998`` halved the eval MSE at a peak rate of 1e-3).
+    much of the noise that a high learning rate leaves in the last iterate: on the affine
+    recurrences, ``ema_decay=0.998`` gave a 1.5-2x lower eval MSE than the last iterate
+    while the rate was between 8e-4 and 4e-4; at the end of a decay to zero the two agree.
 
     Data, in two forms:
 
