@@ -18,7 +18,11 @@ does not depend on how far training has got (same shapes, same lengths distribut
 until the first evaluation (every ``--eval-every`` steps, on ``fixed_eval_set(24, 64,
 seed=10_000)``) at or below the target, evaluations included, with probes of the paper's
 recipe spread over the run (every ``--probe-every`` fast steps) whose time is subtracted
-from the fast run's clock. About 30 minutes on an idle 2-core machine.
+from the fast run's clock. About 30 minutes on an idle 2-core machine. ``--steps``,
+``--batch-size``, ``--lr``, ``--warmup-steps``, ``--schedule``, ``--min-lr``,
+``--ema-decay``, ``--ema-start`` and ``--no-ema`` override the recipe, which is how the
+recipe trials in ``benchmarks/README.md`` were run; ``--probe-every 0`` times the paper's
+recipe once, before training.
 
 Whether the paper's recipe itself reaches 1e-4 in 100k steps is the paper's claim, not
 measured here.
@@ -44,7 +48,8 @@ HISTORY = Path(__file__).resolve().parents[1] / "checkpoints" / "affine_recurren
 
 def train_kwargs(recipe: dict) -> dict:
     """A recipe dict of the task module as keyword arguments of ``vecinterp.train``."""
-    keys = ("lr", "weight_decay", "warmup_steps", "schedule", "min_lr", "grad_clip")
+    keys = ("lr", "weight_decay", "warmup_steps", "schedule", "min_lr", "grad_clip",
+            "ema_decay", "ema_start")  # fmt: skip
     return {k: recipe[k] for k in keys if k in recipe}
 
 
@@ -80,6 +85,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--history", type=Path, default=HISTORY)
     parser.add_argument("--steps", type=int, help="full mode: override FAST_RECIPE's steps")
+    for name, kind in (("batch-size", int), ("lr", float), ("warmup-steps", int),
+                       ("schedule", str), ("min-lr", float), ("ema-decay", float),
+                       ("ema-start", int)):  # fmt: skip
+        parser.add_argument(f"--{name}", type=kind, help=f"full mode: override the {name}")
+    parser.add_argument("--no-ema", action="store_true", help="full mode: no weight average")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--probe-every", type=int, default=1000)
     parser.add_argument("--probe-steps", type=int, default=100)
@@ -149,6 +159,13 @@ def full_mode(cfg: vi.VectorTransformerConfig, args: argparse.Namespace) -> dict
     if args.steps is not None:
         fast["steps"] = args.steps
         fast["warmup_steps"] = min(fast["warmup_steps"], args.steps // 10)
+    for key in ("batch_size", "lr", "warmup_steps", "schedule", "min_lr", "ema_decay",
+                "ema_start"):  # fmt: skip
+        if getattr(args, key) is not None:
+            fast[key] = getattr(args, key)
+    if args.no_ema:
+        fast.pop("ema_decay", None)
+        fast.pop("ema_start", None)
     eval_set = ar.fixed_eval_set(24, 64, seed=10_000)
     bs = fast["batch_size"]
 
@@ -158,7 +175,7 @@ def full_mode(cfg: vi.VectorTransformerConfig, args: argparse.Namespace) -> dict
     probes.append((-1, probe(cfg, paper, args.probe_steps, seed=1)))
 
     def callback(step: int, metrics: dict) -> None:
-        if (step + 1) % args.probe_every == 0:
+        if args.probe_every and (step + 1) % args.probe_every == 0:
             probes.append((step, probe(cfg, paper, args.probe_steps, seed=len(probes) + 1)))
 
     result = vi.train(
