@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vecinterp as vi
-from helpers import random_input, random_model, tiny_cfg
+from helpers import random_input, random_model, tiny_cfg, unchecked
 from vecinterp.analysis.detectors import (
     attention_patterns,
     detect_heads,
@@ -219,6 +219,21 @@ def test_error_detect_heads_arguments(model):
         detect_heads(model, x, "position_k")
     with pytest.raises(ValueError, match="kind='pattern' needs target"):
         detect_heads(model, x, "pattern")
+
+
+def test_repeated_random_vectors_from_a_generator():
+    gen = torch.Generator().manual_seed(3)
+    first = repeated_random_vectors(2, 4, 5, generator=gen, dtype=torch.float64)
+    second = repeated_random_vectors(2, 4, 5, generator=gen, dtype=torch.float64)
+    assert torch.equal(first, repeated_random_vectors(2, 4, 5, seed=3, dtype=torch.float64))
+    assert not torch.equal(first, second)  # the generator advanced
+    again = torch.Generator().manual_seed(3)
+    repeated_random_vectors(2, 4, 5, generator=again)
+    assert torch.equal(
+        second, repeated_random_vectors(2, 4, 5, generator=again, dtype=torch.float64)
+    )
+    with unchecked(), pytest.raises(TypeError, match="generator must be a torch.Generator or"):
+        repeated_random_vectors(2, 4, 5, generator=3)
 
 
 def test_error_repeated_random_vectors_sizes():

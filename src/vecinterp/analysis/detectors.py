@@ -285,13 +285,15 @@ def repeated_random_vectors(
     repeats: int = 2,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device | None = None,
+    generator: torch.Generator | None = None,
 ) -> Float[torch.Tensor, "batch pos d_in"]:
     """Random unit vectors ``r_1..r_m`` repeated: ``[batch, repeats * m, d_in]``.
 
     Each ``r_i`` is a standard normal vector divided by its norm (uniform on the sphere),
-    drawn independently per batch item from a generator seeded with ``seed`` (float64,
-    then cast). Position ``i`` holds ``r_{i mod m}``: the input for
-    :func:`induction_score`.
+    drawn independently per batch item (float64, then cast) from ``generator`` if given (a
+    CPU ``torch.Generator``, advanced by the draw: successive calls give fresh vectors),
+    else from a new generator seeded with ``seed``. Position ``i`` holds ``r_{i mod m}``:
+    the input for :func:`induction_score`.
 
     Example:
         >>> import torch
@@ -299,10 +301,16 @@ def repeated_random_vectors(
         >>> x = repeated_random_vectors(2, 3, 4, seed=0)
         >>> x.shape, bool(torch.equal(x[:, :3], x[:, 3:]))
         (torch.Size([2, 6, 4]), True)
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> a, b = (repeated_random_vectors(2, 3, 4, generator=gen) for _ in range(2))
+        >>> bool(torch.equal(a, x)), bool(torch.equal(a, b))  # seed 0's draw, then a fresh one
+        (True, False)
     """
     for name, value in (("batch", batch), ("m", m), ("d_in", d_in), ("repeats", repeats)):
         _check_positive(name, value)
-    gen = torch.Generator().manual_seed(seed)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
+    gen = generator if generator is not None else torch.Generator().manual_seed(seed)
     r = torch.randn(batch, m, d_in, generator=gen, dtype=torch.float64)
     r = r / r.norm(dim=-1, keepdim=True)
     return r.repeat(1, repeats, 1).to(dtype=dtype, device=device)
