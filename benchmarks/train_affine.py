@@ -20,7 +20,7 @@ seed=10_000)``) at or below the target, evaluations included, with probes of the
 recipe spread over the run (every ``--probe-every`` fast steps) whose time is subtracted
 from the fast run's clock. About 30 minutes on an idle 2-core machine. ``--steps``,
 ``--batch-size``, ``--lr``, ``--warmup-steps``, ``--schedule``, ``--min-lr``,
-``--ema-decay``, ``--ema-start`` and ``--no-ema`` override the recipe, which is how the
+``--ema-decay`` and ``--ema-start`` override the recipe, which is how the
 recipe trials in ``benchmarks/README.md`` were run; ``--probe-every 0`` times the paper's
 recipe once, before training.
 
@@ -43,6 +43,9 @@ import vecinterp as vi
 from vecinterp.tasks import affine_recurrence as ar
 
 TARGET = 1e-4
+OVERRIDES = (("batch_size", int), ("lr", float), ("warmup_steps", int), ("schedule", str),
+             ("min_lr", float), ("ema_decay", float), ("ema_start", int))  # fmt: skip
+"""Recipe keys that full mode's command line can override, with their types."""
 HISTORY = Path(__file__).resolve().parents[1] / "checkpoints" / "affine_recurrence" / "history.json"
 
 
@@ -85,11 +88,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--history", type=Path, default=HISTORY)
     parser.add_argument("--steps", type=int, help="full mode: override FAST_RECIPE's steps")
-    for name, kind in (("batch-size", int), ("lr", float), ("warmup-steps", int),
-                       ("schedule", str), ("min-lr", float), ("ema-decay", float),
-                       ("ema-start", int)):  # fmt: skip
-        parser.add_argument(f"--{name}", type=kind, help=f"full mode: override the {name}")
-    parser.add_argument("--no-ema", action="store_true", help="full mode: no weight average")
+    for key, kind in OVERRIDES:
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, help=f"full mode: {key}")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--probe-every", type=int, default=1000)
     parser.add_argument("--probe-steps", type=int, default=100)
@@ -159,13 +159,9 @@ def full_mode(cfg: vi.VectorTransformerConfig, args: argparse.Namespace) -> dict
     if args.steps is not None:
         fast["steps"] = args.steps
         fast["warmup_steps"] = min(fast["warmup_steps"], args.steps // 10)
-    for key in ("batch_size", "lr", "warmup_steps", "schedule", "min_lr", "ema_decay",
-                "ema_start"):  # fmt: skip
+    for key, _ in OVERRIDES:
         if getattr(args, key) is not None:
             fast[key] = getattr(args, key)
-    if args.no_ema:
-        fast.pop("ema_decay", None)
-        fast.pop("ema_start", None)
     eval_set = ar.fixed_eval_set(24, 64, seed=10_000)
     bs = fast["batch_size"]
 

@@ -224,7 +224,9 @@ def train(
         return value
 
     params = [p for p in net.parameters() if p.requires_grad]
+    # the weight average's tensors and the weights they follow, paired once for the loop
     averaged: list[torch.Tensor] = []
+    followed: list[torch.Tensor] = list(params)
     if average is not None:
         averaged = [p for p in average.parameters() if p.requires_grad]
     bar = tqdm(total=steps, initial=start, disable=not progress, desc="train", unit="step")
@@ -249,8 +251,8 @@ def train(
                 raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
             optimizer.step()
             done = step + 1
-            if average is not None:
-                _update_average(averaged, list(params), ema_decay, done > ema_start)
+            if ema_decay is not None:
+                _update_average(averaged, followed, ema_decay, done > ema_start)
             history.steps.append(step)
             history.train_loss.append(loss_value)
             history.lr.append(rate)
@@ -284,13 +286,12 @@ def train(
 def _update_average(
     averaged: list[torch.Tensor],
     params: list[torch.Tensor],
-    decay: float | None,
+    decay: float,
     averaging: bool,
 ) -> None:
     """One step of the weight average: ``avg <- decay * avg + (1 - decay) * param`` once
     ``averaging``, a copy of the weights before."""
     if averaging:
-        assert decay is not None
         torch._foreach_lerp_(averaged, params, 1.0 - decay)
     else:
         torch._foreach_copy_(averaged, params)
