@@ -20,6 +20,21 @@ import torch
 from jaxtyping import Complex, Float
 
 _OPERAND_DOC = "a FactoredMatrix or a floating-point torch.Tensor"
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def linalg_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a decomposition of ``dtype`` factors runs in: ``float32`` for ``float16``
+    and ``bfloat16`` (torch has no half-precision eig or QR on the CPU, and half precision
+    would keep about three digits of a spectrum), else ``dtype`` itself.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.factored_matrix import linalg_dtype
+        >>> linalg_dtype(torch.bfloat16), linalg_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    return torch.float32 if dtype in _HALF else dtype
 
 
 def _shape(x: torch.Tensor) -> tuple[int, ...]:
@@ -38,6 +53,11 @@ class FactoredMatrix:
     Costs, with ``k = mdim`` small: ``eigenvalues``, ``svd``, ``singular_values`` and
     ``norm`` cost ``O((m + n) k^2 + k^3)`` per leading index instead of the ``O(m n k)``
     of forming ``AB`` plus ``O(min(m, n)^3)`` for a dense decomposition.
+
+    Half precision: with ``float16`` or ``bfloat16`` factors, ``eigenvalues``, ``svd``,
+    ``singular_values`` and ``norm`` upcast the factors to ``float32`` and return
+    ``float32`` results (``complex64`` eigenvalues), as TransformerLens does; products,
+    ``AB`` and ``BA`` stay in the factors' dtype.
 
     Args:
         A: left factor ``[*batch_a, m, k]``.
@@ -331,8 +351,14 @@ class FactoredMatrix:
             [32.0]
         """
         self._require_square("eigenvalues")
-        small = self._B @ self._A if self.mdim < self.ldim else self._A @ self._B
+        A, B = self._linalg_factors()
+        small = B @ A if self.mdim < self.ldim else A @ B
         return torch.linalg.eigvals(small)
+
+    def _linalg_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, B)`` in the dtype decompositions run in (float32 for half precision)."""
+        dtype = linalg_dtype(self.dtype)
+        return self._A.to(dtype), self._B.to(dtype)
 
     def _core(
         self,
@@ -346,8 +372,9 @@ class FactoredMatrix:
         ``Q_A`` and ``Q_B`` have orthonormal columns, so the small core ``R_A R_B^T``
         (``[min(m, k), min(n, k)]``) has the singular values and Frobenius norm of ``AB``.
         """
-        Q_A, R_A = torch.linalg.qr(self._A)
-        Q_B, R_B = torch.linalg.qr(self._B.mT)
+        A, B = self._linalg_factors()
+        Q_A, R_A = torch.linalg.qr(A)
+        Q_B, R_B = torch.linalg.qr(B.mT)
         return Q_A, R_A @ R_B.mT, Q_B
 
     def svd(

@@ -35,17 +35,7 @@ def masked_mse(
     if reduction not in ("mean", "none", "sum"):
         raise ValueError(f"reduction must be 'mean', 'none' or 'sum', got {reduction!r}")
     batch_pos = pred.shape[:-1]
-    if loss_mask is None:
-        mask = torch.ones(batch_pos, dtype=torch.bool, device=pred.device)
-    else:
-        if loss_mask.dtype != torch.bool:
-            raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}")
-        if loss_mask.shape not in (batch_pos, batch_pos[1:]):
-            raise ValueError(
-                f"loss_mask must have shape [batch, pos]={tuple(batch_pos)} or "
-                f"[pos]={tuple(batch_pos[1:])}, got {tuple(loss_mask.shape)}"
-            )
-        mask = loss_mask.to(pred.device).expand(batch_pos)
+    mask = loss_positions(loss_mask, batch_pos, pred.device)
     # select before squaring: a NaN at a masked-out position reaches neither the loss
     # nor, through the backward pass, the gradient
     diff = torch.where(mask[..., None], pred - target, torch.zeros((), dtype=pred.dtype))
@@ -59,3 +49,37 @@ def masked_mse(
     if int(count) == 0:
         raise ValueError("loss_mask selects no position")
     return total / count
+
+
+def loss_positions(
+    loss_mask: object, batch_pos: tuple[int, ...] | torch.Size, device: torch.device
+) -> Bool[torch.Tensor, "batch pos"]:
+    """The positions the loss uses: ``loss_mask`` checked and expanded to ``[batch, pos]``
+    (all True for ``None``).
+
+    ``loss_mask`` must be a bool tensor ``[batch, pos]`` or ``[pos]``. A Python list is
+    refused rather than converted: a list of indices such as ``[2, 3]`` would silently
+    become a mask that selects every position.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.loss import loss_positions
+        >>> loss_positions(torch.tensor([False, True]), (2, 2), torch.device("cpu")).tolist()
+        [[False, True], [False, True]]
+    """
+    batch_pos = tuple(batch_pos)
+    if loss_mask is None:
+        return torch.ones(batch_pos, dtype=torch.bool, device=device)
+    if not isinstance(loss_mask, torch.Tensor):
+        raise TypeError(
+            f"loss_mask must be a bool tensor [batch, pos] or [pos], got "
+            f"{type(loss_mask).__name__}; e.g. torch.tensor(mask, dtype=torch.bool)"
+        )
+    if loss_mask.dtype != torch.bool:
+        raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}")
+    if tuple(loss_mask.shape) not in (batch_pos, batch_pos[1:]):
+        raise ValueError(
+            f"loss_mask must have shape [batch, pos]={batch_pos} or "
+            f"[pos]={batch_pos[1:]}, got {tuple(loss_mask.shape)}"
+        )
+    return loss_mask.to(device).expand(batch_pos)

@@ -34,6 +34,7 @@ batched passes (see its docstring). Every function here leaves the model as it f
 ``torch.no_grad()``.
 """
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,9 +44,9 @@ from tqdm.auto import tqdm
 
 from ..cache import act_name
 from ..hooks import HookFn, HookPoint, NameFilter
-from ..loss import masked_mse
+from ..loss import loss_positions, masked_mse
 from ..model import HookedVectorTransformer
-from ..model.validation import check_input
+from ..model.validation import check_finite, check_input
 from ._validate import check_head, check_heads, check_layer, check_model, check_population
 
 __all__ = [
@@ -336,7 +337,11 @@ def _replacements(
                     f"the population means lack {missing}; compute them with "
                     f"mean_activations(model, population, names={names!r})"
                 )
-            return {name: population[name] for name in names}
+            means = {name: population[name] for name in names}
+            for name, mean in means.items():
+                if isinstance(mean, torch.Tensor):
+                    check_finite(f"population[{name!r}]", mean)
+            return means
         check_population(model, population, n_pos)
         return dict(mean_activations(model, population, names))  # type: ignore[arg-type]
     if resample_source is not None:
@@ -350,14 +355,14 @@ def _replacements(
                 f"resample_source must have x's shape {tuple(x.shape)}, "
                 f"got {tuple(resample_source.shape)}"
             )
-        source = resample_source
+        source = check_input(resample_source, model.cfg, model.W_E, name="resample_source")
     elif isinstance(population, torch.Tensor):
-        pop = check_population(model, population, n_pos)
-        if pop.shape[0] < batch:
+        if population.ndim == 3 and population.shape[0] < batch:
             raise ValueError(
                 f"resampling {batch} sequences without replacement needs a population of at "
-                f"least {batch}, got {pop.shape[0]}"
+                f"least {batch}, got {population.shape[0]}"
             )
+        pop = check_population(model, population, n_pos)
         order = torch.randperm(pop.shape[0], generator=torch.Generator().manual_seed(seed))
         source = pop[order[:batch].to(pop.device), :n_pos]
     else:
@@ -456,7 +461,7 @@ def _component_names(model: HookedVectorTransformer, components: object) -> list
         if isinstance(item, str):
             name = act_name(item) if item in ("embed", "pos_embed") else item
         elif isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str):
-            name = act_name(item[0], check_layer(model, item[1]))
+            name = act_name(item[0], check_layer(model, item[1], f"in {tuple(item)!r}"))
         else:
             raise TypeError(
                 f"each component must be a hook name or a (short name, layer) pair such as "
@@ -667,7 +672,8 @@ def ablate_patterns(
     for key, kind in patterns.items():
         if not isinstance(key, tuple | list) or len(key) != 2:
             raise TypeError(f"each key of patterns must be a (layer, head) pair, got {key!r}")
-        layer, head = check_layer(model, key[0]), check_head(model, key[1])
+        where = f"in the key {tuple(key)!r} of patterns"
+        layer, head = check_layer(model, key[0], where), check_head(model, key[1], where)
         given = _check_pattern_kind(kind)
         if isinstance(given, torch.Tensor):
             _pattern_matrix(given, batch, n_pos, model.cfg.causal, x)  # shape check, early
@@ -792,6 +798,10 @@ def head_ablation_sweep(
         got = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
         raise ValueError(f"targets must be [batch, pos, d_out]={(batch, n_pos, d_out)}, got {got}")
     if metric is None:
+        # the positions the loss uses must have finite targets (as in direct_attribution;
+        # masked-out ones may hold NaN, as masked_mse allows)
+        used = loss_positions(loss_mask, (batch, n_pos), x.device)
+        check_finite("targets", targets, where=used)
 
         def metric(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return masked_mse(output, target, loss_mask)
@@ -826,6 +836,12 @@ def head_ablation_sweep(
         resid_names = {layer: f"blocks.{layer}.hook_resid_pre" for layer in starts}
         clean, cache = model.run_with_cache(x, names_filter=list(resid_names.values()))
         baseline = _scalar(metric(clean, targets))
+        if not math.isfinite(baseline):
+            raise ValueError(
+                f"the metric of the unablated model is {baseline}, so every score would be "
+                "meaningless; check that targets (and what your metric reads) are finite and "
+                "that the model's weights are"
+            )
         for chunk in tqdm(chunks, desc="head ablation sweep", disable=not progress):
             k, start = len(chunk), chunk[0][0]
             masks: dict[int, torch.Tensor] = {}

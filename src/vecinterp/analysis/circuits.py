@@ -41,6 +41,10 @@ formed densely: ask for ``.AB`` if you need it), stacked over ``[n_layers, n_hea
   own :func:`pos_qk_circuit`.
 - the ``1/sqrt(d_head)`` score scale and, for ``positional="rotary"``, the rotation of
   queries and keys (the QK circuits are then those of position offset 0).
+
+A weight that holds NaN or inf is refused with a ``ValueError`` naming it (e.g.
+``blocks.1.attn.W_V``): the forward pass does not scan the weights, so this is where a
+diverged model is caught.
 """
 
 import torch
@@ -58,11 +62,30 @@ __all__ = [
 ]
 
 
+def _finite(name: str, weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` detached, or a ``ValueError`` naming the parameter if it is not finite.
+
+    ``name`` is the parameter's name in the model (``"blocks.0.attn.W_V"``); for a stack of
+    every layer's weights (``"blocks.*.attn.W_V"``) the first bad layer is named."""
+    weight = weight.detach()
+    if bool(torch.isfinite(weight).all()):
+        return weight
+    if "*" in name:
+        bad = (~torch.isfinite(weight)).flatten(1).any(1)
+        name = name.replace("*", str(int(bad.nonzero()[0])))
+    raise ValueError(
+        f"the model's weight {name} contains NaN or inf, so no circuit of it means anything "
+        "(a diverged training run, or an edit gone wrong?)"
+    )
+
+
 def _head_weights(model: HookedVectorTransformer, name: str, layer: int | None) -> torch.Tensor:
-    """``W_{Q,K,V,O}`` detached, ``[n_layers, n_heads, ...]`` or one layer's ``[n_heads, ...]``."""
+    """``W_{Q,K,V,O}`` detached, ``[n_layers, n_heads, ...]`` or one layer's ``[n_heads, ...]``;
+    a non-finite weight is refused, naming it."""
     if layer is None:
-        return getattr(model, name).detach()
-    return getattr(model.blocks[check_layer(model, layer)].attn, name).detach()
+        return _finite(f"blocks.*.attn.{name}", getattr(model, name))
+    ell = check_layer(model, layer)
+    return _finite(f"blocks.{ell}.attn.{name}", getattr(model.blocks[ell].attn, name))
 
 
 def _check_bool(name: str, value: object) -> bool:
@@ -73,7 +96,7 @@ def _check_bool(name: str, value: object) -> bool:
 
 def _embedding(model: HookedVectorTransformer, include_embed_bias: object) -> torch.Tensor:
     """``W_E [d_in, d_model]``, or ``[W_E; b_E]`` ``[d_in + 1, d_model]`` with the bias."""
-    W_E = model.W_E.detach()
+    W_E = _finite("embed.W_E", model.W_E)
     if not _check_bool("include_embed_bias", include_embed_bias):
         return W_E
     b_E = model.embed.b_E
@@ -82,7 +105,7 @@ def _embedding(model: HookedVectorTransformer, include_embed_bias: object) -> to
             "include_embed_bias=True but the model has no embedding bias "
             "(cfg.embed_bias=False); leave include_embed_bias=False"
         )
-    return torch.cat([W_E, b_E.detach()[None, :]], dim=0)
+    return torch.cat([W_E, _finite("embed.b_E", b_E)[None, :]], dim=0)
 
 
 def ov_circuit(model: HookedVectorTransformer, layer: int | None = None) -> FactoredMatrix:
@@ -179,7 +202,7 @@ def full_ov_circuit(
     """
     check_model(model)
     W_E = _embedding(model, include_embed_bias)
-    W_U = model.W_U.detach()
+    W_U = _finite("unembed.W_U", model.W_U)
     return FactoredMatrix(
         W_E @ _head_weights(model, "W_V", layer), _head_weights(model, "W_O", layer) @ W_U
     )
@@ -260,7 +283,7 @@ def pos_qk_circuit(model: HookedVectorTransformer, layer: int | None = None) -> 
             "(positional='learned' or 'sinusoidal'), but this model has "
             f"positional={model.cfg.positional!r}"
         )
-    W_pos = model.pos_embed.W_pos.detach()
+    W_pos = _finite("pos_embed.W_pos", model.pos_embed.W_pos)
     W_K = _head_weights(model, "W_K", layer)
     return FactoredMatrix(
         W_pos @ _head_weights(model, "W_Q", layer), (W_pos @ W_K).transpose(-1, -2)

@@ -65,6 +65,7 @@ def patch_hook(clean_activation: torch.Tensor, index: tuple[int | slice, ...] = 
     if not isinstance(clean_activation, torch.Tensor):
         raise TypeError(f"clean_activation must be a tensor, got {type(clean_activation).__name__}")
     where = (slice(None), *_as_index(index))
+    _check_index_in_range(index, tuple(clean_activation.shape))
 
     def hook(activation: torch.Tensor, hook: HookPoint | None) -> torch.Tensor:
         if activation.shape != clean_activation.shape:
@@ -166,7 +167,7 @@ def activation_patching(
         torch.Size([2, 2, 5])
     """
     model = check_model(model)
-    check_input(clean_x, model.cfg, model.W_E)
+    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
     if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
         got = (
             tuple(corrupted_x.shape)
@@ -177,7 +178,7 @@ def activation_patching(
             f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
             f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
         )
-    check_input(corrupted_x, model.cfg, model.W_E)
+    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")
     if by not in _BY:
@@ -225,6 +226,22 @@ def _as_index(index: object) -> tuple[int | slice, ...]:
     ):
         raise TypeError(f"index must be a tuple of ints and slices, got {index!r}")
     return index
+
+
+def _check_index_in_range(index: tuple[int | slice, ...], shape: tuple[int, ...]) -> None:
+    """Each int of ``index`` (the axes after the batch) within its axis of ``shape``."""
+    if len(index) > len(shape) - 1:
+        raise ValueError(
+            f"patch_hook: index {index!r} has {len(index)} entries but the activation "
+            f"{shape} has only {len(shape) - 1} axes after the batch"
+        )
+    for axis, (i, size) in enumerate(zip(index, shape[1:], strict=False), start=1):
+        if isinstance(i, int) and not -size <= i < size:
+            raise ValueError(
+                f"patch_hook: index {index!r} is out of range: entry {i} indexes axis {axis} "
+                f"of the activation {shape}, which has {size} entries (a position, a head, "
+                f"... in [{-size}, {size - 1}])"
+            )
 
 
 def _resolve_hook_names(
@@ -423,11 +440,18 @@ def patch_qk_identity(
                 f"heads must be a head index, an iterable of them or 'all', got {heads!r}"
             )
         chosen = list(range(cfg.n_heads))
-    else:
-        items = [heads] if isinstance(heads, int) else list(heads)
+    elif isinstance(heads, int) and not isinstance(heads, bool):
+        chosen = [check_head(model, heads, "heads")]
+    elif isinstance(heads, Iterable) and not isinstance(heads, bytes | torch.Tensor):
+        items = list(heads)
         if not items:
-            raise ValueError("no heads selected")
-        chosen = sorted({check_head(model, h) for h in items})
+            raise ValueError("no heads selected: heads is empty")
+        chosen = sorted({check_head(model, h, f"in heads={items!r}") for h in items})
+    else:
+        raise TypeError(
+            "heads must be a head index (an int), an iterable of them or 'all', got "
+            f"{type(heads).__name__} {heads!r}"
+        )
     if isinstance(scale, bool) or not isinstance(scale, int | float):
         raise TypeError(f"scale must be a number, got {type(scale).__name__}")
     gen = torch.Generator().manual_seed(seed)

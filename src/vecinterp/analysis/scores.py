@@ -15,8 +15,9 @@ from einops import einsum
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from ..factored_matrix import FactoredMatrix
+from ..factored_matrix import FactoredMatrix, linalg_dtype
 from ..model import HookedVectorTransformer
+from ..model.processing import fold_layer_norm
 from ._validate import check_model
 from .circuits import full_ov_circuit, full_qk_circuit, ov_circuit, pos_qk_circuit, qk_circuit
 
@@ -58,6 +59,8 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 def eigenvalue_scores(
     circuit: FactoredMatrix | HookedVectorTransformer,
     kind: str | None = None,
+    *,
+    fold_ln: bool = False,
 ) -> Float[torch.Tensor, "*batch"]:
     """Eigenvalue ("copying") score ``Re(Σλ) / Σ|λ|`` of square circuit matrices.
 
@@ -81,7 +84,16 @@ def eigenvalue_scores(
       ``"full_qk"`` (``W_E W_Q W_K^T W_E^T``) or ``"pos_qk"``
       (``W_pos W_Q W_K^T W_pos^T``); see :mod:`vecinterp.analysis.circuits` for what
       these leave out (biases, normalization: fold them first with
-      :func:`~vecinterp.process_weights`).
+      :func:`~vecinterp.process_weights`, or pass ``fold_ln=True``).
+
+    Normalization: the circuits are read from the weights as they are. In a model whose
+    normalization still carries its weights (``"LN"``, ``"RMS"``), or whose LNPre readers
+    are not centred, the head's map on the residual stream also includes the norm's
+    ``diag(w)`` and the centring, which :func:`~vecinterp.fold_layer_norm` moves into
+    ``W_Q``/``W_K``/``W_V``/``W_U``. The scores then differ from those of the folded
+    model, the numbers TransformerLens gives for a model loaded with ``fold_ln=True`` (by
+    up to 0.14 on random models). No warning is raised; ``fold_ln=True`` scores the
+    folded model, the same as ``eigenvalue_scores(vi.fold_layer_norm(model), kind)``.
 
     A matrix whose eigenvalues are all zero (the zero matrix, or any nilpotent one) has
     ``Σ|λ| = 0``; its score is defined as 0, not NaN. (For a nilpotent matrix the
@@ -91,10 +103,13 @@ def eigenvalue_scores(
         circuit: a square FactoredMatrix ``[*batch, n, n]``, or a
             :class:`~vecinterp.HookedVectorTransformer`.
         kind: with a model, which circuit; must be ``None`` with a FactoredMatrix.
+        fold_ln: with a model, score the circuits of ``vi.fold_layer_norm(model)``
+            (the model itself is not modified); must be ``False`` with a FactoredMatrix.
 
     Returns:
         Scores ``[*batch]`` in ``[-1, 1]`` (``[n_layers, n_heads]`` for a model), real, of
-        the factors' dtype.
+        the factors' dtype (``float32`` for ``float16``/``bfloat16`` factors, whose
+        eigenvalues are computed in ``float32``).
 
     Raises:
         ValueError: the matrix is not square (e.g. the full OV circuit when
@@ -117,7 +132,8 @@ def eigenvalue_scores(
             raise ValueError(
                 f"eigenvalue_scores(model, kind=...) needs kind, one of {tuple(_CIRCUITS)}"
             )
-        fm = _CIRCUITS[_check_kind(kind, tuple(_CIRCUITS), "eigenvalue_scores")](circuit)
+        make = _CIRCUITS[_check_kind(kind, tuple(_CIRCUITS), "eigenvalue_scores")]
+        fm = make(_folded(circuit, fold_ln, "eigenvalue_scores"))
         label = f"kind={kind!r} gives shape {tuple(fm.shape)}"
         if kind == "full_ov":
             label = f"the full OV circuit is d_in × d_out, shape {tuple(fm.shape)}"
@@ -126,6 +142,11 @@ def eigenvalue_scores(
             raise ValueError(
                 "eigenvalue_scores: kind selects a circuit of a model; with a FactoredMatrix "
                 f"leave it None (got kind={kind!r})"
+            )
+        if fold_ln is not False:
+            raise ValueError(
+                "eigenvalue_scores: fold_ln folds a model's normalization; a FactoredMatrix "
+                "has none, so leave it False (build the matrix from vi.fold_layer_norm(model))"
             )
         fm = circuit
         label = f"got a FactoredMatrix of shape {tuple(fm.shape)}"
@@ -141,7 +162,20 @@ def eigenvalue_scores(
         )
     with torch.no_grad():
         eig = fm.eigenvalues
-        return _safe_ratio(eig.real.sum(-1), eig.abs().sum(-1)).to(fm.dtype)
+        return _safe_ratio(eig.real.sum(-1), eig.abs().sum(-1)).to(linalg_dtype(fm.dtype))
+
+
+def _folded(model: HookedVectorTransformer, fold_ln: object, what: str) -> HookedVectorTransformer:
+    """``fold_layer_norm(model)`` if ``fold_ln``, else ``model``."""
+    if not isinstance(fold_ln, bool):
+        raise TypeError(f"{what}: fold_ln must be a bool, got {type(fold_ln).__name__}")
+    return fold_layer_norm(model) if fold_ln else model
+
+
+def _upcast(fm: FactoredMatrix) -> FactoredMatrix:
+    """``fm`` with its factors in the dtype decompositions run in (float32 for half)."""
+    dtype = linalg_dtype(fm.dtype)
+    return fm if dtype == fm.dtype else FactoredMatrix(fm.A.to(dtype), fm.B.to(dtype))
 
 
 # ---------------------------------------------------------------------- composition scores
@@ -164,6 +198,8 @@ def composition_scores(
     model: HookedVectorTransformer,
     kind: str = "K",
     baseline: bool = False,
+    *,
+    fold_ln: bool = False,
 ) -> Float[torch.Tensor, "n_layers n_heads n_layers n_heads"]:
     """Q-, K- or V-composition scores of every earlier head into every later head.
 
@@ -194,17 +230,22 @@ def composition_scores(
     QRs ``W_left = Q_1 R_1`` (the left factor of ``L``) and ``W_right^T = Q_2 R_2`` (the
     right factor of ``R``), ``‖L R‖_F = ‖R_1 (B_L A_R) R_2^T‖_F``, a ``d_head × d_head``
     matrix per pair, batched over all pairs of each later layer. Biases and normalization
-    are not included (see :mod:`vecinterp.analysis.circuits`).
+    are not included (see :mod:`vecinterp.analysis.circuits`): on a model whose
+    normalization is not folded the scores differ from the folded model's (the numbers
+    TransformerLens gives for a model loaded with ``fold_ln=True``), without a warning;
+    pass ``fold_ln=True`` (or call it on :func:`~vecinterp.fold_layer_norm`'s result) to
+    score the folded model, as :func:`eigenvalue_scores` explains.
 
     Args:
         model: the transformer.
         kind: ``"Q"``, ``"K"`` or ``"V"``.
         baseline: subtract the mean score of random matrices of the same shapes
             (:func:`composition_baseline` with its defaults) from every defined entry.
+        fold_ln: score ``vi.fold_layer_norm(model)`` (the model is not modified).
 
     Returns:
-        ``[n_layers, n_heads, n_layers, n_heads]``, the model's dtype; NaN where
-        ``l1 >= l2``.
+        ``[n_layers, n_heads, n_layers, n_heads]``, the model's dtype (``float32`` for a
+        ``float16``/``bfloat16`` model, computed in ``float32``); NaN where ``l1 >= l2``.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -222,8 +263,9 @@ def composition_scores(
     if not isinstance(baseline, bool):
         raise TypeError(f"baseline must be a bool, got {type(baseline).__name__}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    model = _folded(model, fold_ln, "composition_scores")
     with torch.no_grad():
-        left, right = _composition_factors(model, kind)
+        left, right = (_upcast(fm) for fm in _composition_factors(model, kind))
         left_core = torch.linalg.qr(left.A).R  # [n_layers, n_heads, r, d_head]
         right_core = torch.linalg.qr(right.B.mT).R  # [n_layers, n_heads, r, d_head]
         left_norm, right_norm = left.norm(), right.norm()

@@ -1,13 +1,41 @@
 """The one configuration object of a :class:`~vecinterp.HookedVectorTransformer`."""
 
 import dataclasses
+import difflib
+import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 ACT_FNS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
 POSITIONALS = ("learned", "sinusoidal", "rotary", "none")
+
+# TransformerLens's HookedTransformerConfig names users type, and what they are here
+_TL_NAMES = {
+    "d_vocab": "d_in (the size of each input vector; d_out defaults to it)",
+    "d_vocab_out": "d_out (the size of each output vector)",
+    "normalization_type": "normalization",
+    "positional_embedding_type": "positional ('learned' is TransformerLens's 'standard')",
+    "attention_dir": "causal (True for 'causal', False for 'bidirectional')",
+    "initializer_range": "init_range",
+    "rotary_dim": "nothing: rotary embeddings here rotate all of d_head",
+}
+
+
+def _unknown_fields_hint(unknown: list[str], known: set[str]) -> str:
+    """What each unknown field is called here: TransformerLens's names mapped, the rest
+    matched against the known fields."""
+    hints = []
+    for name in unknown:
+        if name in _TL_NAMES:
+            hints.append(f"{name!r} is TransformerLens's name; here use {_TL_NAMES[name]}")
+        else:
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            if close:
+                hints.append(f"{name!r}: did you mean {' or '.join(map(repr, close))}?")
+    return "; ".join(hints)
 
 
 def _require_positive_int(name: str, value: object) -> None:
@@ -110,11 +138,21 @@ class VectorTransformerConfig:
                 raise ValueError(
                     f"VectorTransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
                 )
-        for name in ("eps", "rotary_base", "init_range"):
-            value = getattr(self, name)
+        # every float field: a non-finite value would poison every output (eps=inf makes
+        # each normalization output 0, init_range=inf gives NaN, rotary_base=inf freezes
+        # all but one frequency)
+        for field in dataclasses.fields(self):
+            if field.type not in (float, "float"):
+                continue
+            value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(
-                    f"VectorTransformerConfig.{name} must be a positive number, got {value!r}"
+                    f"VectorTransformerConfig.{field.name} must be a positive number, got {value!r}"
+                )
+            if not math.isfinite(value):
+                raise ValueError(
+                    f"VectorTransformerConfig.{field.name} must be a positive number, got "
+                    f"{value!r}, which is not finite"
                 )
 
     @property
@@ -142,8 +180,11 @@ class VectorTransformerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
+            hint = _unknown_fields_hint(unknown, known)
             raise ValueError(
-                f"unknown VectorTransformerConfig fields {unknown}; known: {sorted(known)}"
+                f"unknown VectorTransformerConfig fields {unknown}"
+                + (f" ({hint})" if hint else "")
+                + f"; known: {sorted(known)}"
             )
         required = {
             f.name
@@ -158,3 +199,31 @@ class VectorTransformerConfig:
     def to_json(self) -> str:
         """The config as a JSON string."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def _init_with_hints(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so that an unknown keyword (often a TransformerLens
+    name such as ``d_vocab``) is refused with what to use instead."""
+
+    @functools.wraps(init)
+    def __init__(self: VectorTransformerConfig, *args: Any, **kwargs: Any) -> None:
+        known = {f.name for f in dataclasses.fields(VectorTransformerConfig)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            hint = _unknown_fields_hint(unknown, known)
+            raise TypeError(
+                f"VectorTransformerConfig got unexpected field(s) {unknown}"
+                + (f": {hint}" if hint else "")
+                + f"; the fields are {sorted(known)}"
+            )
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+# after the class is built, so that the dataclass's signature stays what tools show
+setattr(  # noqa: B010 (an assignment to __init__ would upset the type checker)
+    VectorTransformerConfig,
+    "__init__",
+    _init_with_hints(VectorTransformerConfig.__init__),
+)

@@ -9,10 +9,10 @@ from torch import nn
 
 from ..factored_matrix import FactoredMatrix
 from ..hooks import HookedModule, HookPoint, NameFilter
-from ..loss import masked_mse
+from ..loss import loss_positions, masked_mse
 from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
 from .config import VectorTransformerConfig
-from .validation import check_input, check_like
+from .validation import check_finite, check_input, check_like
 
 if TYPE_CHECKING:
     from ..cache import ActivationCache
@@ -109,16 +109,48 @@ class HookedVectorTransformer(HookedModule):
             targets: ``[batch, pos, d_out]``, needed for ``return_type`` ``"loss"``/``"both"``.
             loss_mask: boolean ``[batch, pos]`` or ``[pos]`` for the loss (default: all).
             return_type: ``"output"`` (``[batch, pos, d_out]``), ``"loss"`` (masked MSE)
-                or ``"both"`` (``(output, loss)``).
+                or ``"both"`` (``(output, loss)``). TransformerLens's ``"logits"`` is
+                refused: the output is a vector read out by ``W_U`` (the tensor
+                TransformerLens calls logits) but no softmax follows, so code written for
+                logits (``log_softmax``, ``argmax`` over a vocabulary) would run on it and
+                mean nothing; ask for ``"output"``.
             start_at_layer: ``x`` is the residual stream ``[batch, pos, d_model]``
                 entering block ``start_at_layer`` (e.g. a cached ``resid_pre``); the
                 embeddings and earlier blocks are skipped.
             stop_at_layer: return the residual stream ``[batch, pos, d_model]`` entering
                 block ``stop_at_layer`` (``n_layers``: after the last block, before
                 ``ln_final``) instead of the output.
+
+        Non-finite values: ``x`` and, for a loss, ``targets`` at the positions
+        ``loss_mask`` selects must be finite (``ValueError`` naming the first bad index;
+        a masked-out position may hold NaN, as :func:`~vecinterp.masked_mse` allows).
+        The weights are not scanned on each call, which would cost a pass over every
+        parameter per forward: a model with a NaN weight runs and returns NaN.
+        :func:`~vecinterp.save` refuses such a model, and the circuit analyses
+        (:func:`~vecinterp.eigenvalue_scores`, :func:`~vecinterp.composition_scores`,
+        the circuits of :mod:`vecinterp.analysis.circuits`) name the non-finite weight.
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+            >>> x, t = torch.randn(2, 6, 3), torch.randn(2, 6, 3)
+            >>> t[:, -1] = float("nan")  # no target at the last position
+            >>> mask = torch.tensor([True] * 5 + [False])
+            >>> bool(model(x, targets=t, loss_mask=mask, return_type="loss").isfinite())
+            True
         """
         if return_type not in RETURN_TYPES:
-            raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+            reason = (
+                " ('logits' is TransformerLens's name: this model's output is a vector read "
+                "out by W_U, with no softmax over a vocabulary after it; ask for "
+                "return_type='output')"
+                if return_type == "logits"
+                else ""
+            )
+            raise ValueError(
+                f"return_type must be one of {RETURN_TYPES}, got {return_type!r}{reason}"
+            )
         n = self.cfg.n_layers
         start = 0 if start_at_layer is None else _boundary("start_at_layer", start_at_layer, n)
         stop = n if stop_at_layer is None else _boundary("stop_at_layer", stop_at_layer, n)
@@ -142,6 +174,8 @@ class HookedVectorTransformer(HookedModule):
         if targets is None:
             raise ValueError(f"return_type={return_type!r} needs targets [batch, pos, d_out]")
         check_like("targets", targets, tuple(out.shape), out)
+        used = loss_positions(loss_mask, out.shape[:-1], out.device)
+        check_finite("targets", targets, where=used)
         loss = masked_mse(out, targets.to(out.dtype), loss_mask)
         return loss if return_type == "loss" else (out, loss)
 
@@ -256,6 +290,179 @@ class HookedVectorTransformer(HookedModule):
     def W_O(self) -> Float[torch.Tensor, "n_layers n_heads d_head d_model"]:
         """Every layer's ``W_O`` stacked, ``[n_layers, n_heads, d_head, d_model]``."""
         return self._stack("W_O")
+
+    # TransformerLens's other model-level stacks. Like W_Q..W_O they are new tensors
+    # (torch.stack): gradients flow through them, but writing into one leaves the model as
+    # it was; edit the per-block parameter (model.blocks[l].attn.b_Q) instead.
+
+    @property
+    def b_Q(self) -> Float[torch.Tensor, "n_layers n_heads d_head"]:
+        """Every layer's query bias stacked, ``[n_layers, n_heads, d_head]``: ``b_Q[l]``
+        holds the values of ``blocks[l].attn.b_Q`` (a copy, like every stacked weight).
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, n_ctx=6), seed=0)
+            >>> model.b_Q.shape, torch.equal(model.b_Q[1], model.blocks[1].attn.b_Q)
+            (torch.Size([3, 2, 4]), True)
+        """
+        return self._stack("b_Q")
+
+    @property
+    def b_K(self) -> Float[torch.Tensor, "n_layers n_heads d_head"]:
+        """Every layer's key bias stacked, ``[n_layers, n_heads, d_head]``.
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, n_ctx=6), seed=0)
+            >>> model.b_K.shape
+            torch.Size([3, 2, 4])
+        """
+        return self._stack("b_K")
+
+    @property
+    def b_V(self) -> Float[torch.Tensor, "n_layers n_heads d_head"]:
+        """Every layer's value bias stacked, ``[n_layers, n_heads, d_head]``.
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, n_ctx=6), seed=0)
+            >>> model.b_V.shape
+            torch.Size([3, 2, 4])
+        """
+        return self._stack("b_V")
+
+    @property
+    def b_O(self) -> Float[torch.Tensor, "n_layers d_model"]:
+        """Every layer's attention output bias stacked, ``[n_layers, d_model]`` (one per
+        layer, shared by its heads).
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, n_ctx=6), seed=0)
+            >>> model.b_O.shape
+            torch.Size([3, 8])
+        """
+        return self._stack("b_O")
+
+    def _mlp_stack(self, name: str) -> torch.Tensor:
+        if self.cfg.attn_only:
+            raise AttributeError(
+                f"{name}: this model is attention-only (cfg.attn_only=True), its blocks have "
+                "no MLP and so no W_in, b_in, W_out or b_out"
+            )
+        return torch.stack([getattr(block.mlp, name) for block in self.blocks])
+
+    @property
+    def W_in(self) -> Float[torch.Tensor, "n_layers d_model d_mlp"]:
+        """Every layer's MLP input weight stacked, ``[n_layers, d_model, d_mlp]``.
+
+        ``AttributeError`` (saying why) on an attention-only model.
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, d_mlp=16, n_ctx=6))
+            >>> model.W_in.shape, torch.equal(model.W_in[2], model.blocks[2].mlp.W_in)
+            (torch.Size([3, 8, 16]), True)
+        """
+        return self._mlp_stack("W_in")
+
+    @property
+    def b_in(self) -> Float[torch.Tensor, "n_layers d_mlp"]:
+        """Every layer's MLP input bias stacked, ``[n_layers, d_mlp]`` (``AttributeError`` on
+        an attention-only model).
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, d_mlp=16, n_ctx=6))
+            >>> model.b_in.shape
+            torch.Size([3, 16])
+        """
+        return self._mlp_stack("b_in")
+
+    @property
+    def W_out(self) -> Float[torch.Tensor, "n_layers d_mlp d_model"]:
+        """Every layer's MLP output weight stacked, ``[n_layers, d_mlp, d_model]``
+        (``AttributeError`` on an attention-only model).
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, d_mlp=16, n_ctx=6))
+            >>> model.W_out.shape
+            torch.Size([3, 16, 8])
+        """
+        return self._mlp_stack("W_out")
+
+    @property
+    def b_out(self) -> Float[torch.Tensor, "n_layers d_model"]:
+        """Every layer's MLP output bias stacked, ``[n_layers, d_model]`` (``AttributeError``
+        on an attention-only model).
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, d_mlp=16, n_ctx=6))
+            >>> model.b_out.shape
+            torch.Size([3, 8])
+        """
+        return self._mlp_stack("b_out")
+
+    @property
+    def W_pos(self) -> Float[torch.Tensor, "n_ctx d_model"]:
+        """The additive positional embedding ``[n_ctx, d_model]``: the trained parameter
+        ``pos_embed.W_pos`` (``positional="learned"``) or the fixed sinusoidal table
+        (``"sinusoidal"``, a buffer: not trained). Not a copy.
+
+        ``AttributeError`` (saying why) with ``positional="rotary"`` or ``"none"``, which
+        add nothing to the residual stream.
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+            >>> model.W_pos.shape, model.W_pos is model.pos_embed.W_pos
+            (torch.Size([6, 8]), True)
+        """
+        if self.pos_embed is None:
+            rotary = self.cfg.positional == "rotary"
+            raise AttributeError(
+                f"W_pos: this model has positional={self.cfg.positional!r}, which adds no "
+                "positional embedding to the residual stream"
+                + (" (queries and keys are rotated instead)" if rotary else "")
+            )
+        W_pos: torch.Tensor = self.pos_embed.W_pos
+        return W_pos
+
+    @property
+    def b_U(self) -> Float[torch.Tensor, " d_out"]:
+        """The unembedding bias ``[d_out]`` (``unembed.b_U``, not a copy).
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_out=5, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6))
+            >>> model.b_U.shape, model.b_U is model.unembed.b_U
+            (torch.Size([5]), True)
+        """
+        return self.unembed.b_U
+
+    def __getattr__(self, name: str) -> Any:
+        # nn.Module answers a property's AttributeError with its own "has no attribute";
+        # give the property's message (why W_pos or W_in is absent) instead
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            prop = getattr(type(self), name, None)
+            if isinstance(prop, property) and prop.fget is not None:
+                return prop.fget(self)
+            raise
 
     @property
     def OV(self) -> FactoredMatrix:
