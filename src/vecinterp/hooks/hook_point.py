@@ -1,5 +1,6 @@
 """A named place in the forward pass where an activation can be read or edited."""
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -8,14 +9,30 @@ from torch import nn
 
 HookFn = Callable[..., Any]
 """A hook is called as ``fn(activation, hook=hook_point)``. A forward hook may return a
-tensor of the same shape to replace the activation; returning ``None`` keeps it. A
-backward hook receives the gradient of the activation and may return a replacement."""
+tensor of the same shape, dtype and device to replace the activation; returning ``None``
+keeps it. A backward hook receives the gradient of the activation and may return a
+replacement (a tensor, or a one-element tuple ``(grad,)`` as TransformerLens allows)."""
+
+# Adding and removing hooks replaces a hook point's lists instead of editing them in
+# place (copy on write), so a forward running in another thread iterates over a list that
+# never changes under it. This lock serialises the writers; readers never take it.
+_EDIT_LOCK = threading.Lock()
 
 
 class HookHandle:
     """Removes one hook from its :class:`HookPoint` when :meth:`remove` is called.
 
     Returned by :meth:`HookPoint.add_hook` (and by the model's ``add_hook``).
+
+    Attributes:
+        hook_point: the :class:`HookPoint` the hook is attached to.
+        fn: the hook function.
+        direction: ``"fwd"`` or ``"bwd"``.
+        is_permanent: whether it survives ``reset_hooks()``.
+        owner: ``None`` for a hook every thread sees (added by ``add_hook``), or the
+            :class:`threading.Thread` that opened the ``hooks()`` context (or
+            ``run_with_hooks`` / ``run_with_cache`` call) that added it: only that
+            thread's forward passes call it.
 
     Example:
         >>> import torch
@@ -29,22 +46,33 @@ class HookHandle:
         (tensor([1., 1.]), False)
     """
 
-    __slots__ = ("hook_point", "fn", "direction", "is_permanent")
+    __slots__ = ("hook_point", "fn", "direction", "is_permanent", "owner")
 
-    def __init__(self, hook_point: "HookPoint", fn: HookFn, direction: str, is_permanent: bool):
+    def __init__(
+        self,
+        hook_point: "HookPoint",
+        fn: HookFn,
+        direction: str,
+        is_permanent: bool,
+        owner: threading.Thread | None = None,
+    ):
         self.hook_point = hook_point
         self.fn = fn
         self.direction = direction
         self.is_permanent = is_permanent
+        self.owner = owner
 
     def remove(self) -> None:
         """Detach the hook; removing twice is harmless."""
-        hooks = self.hook_point._fwd if self.direction == "fwd" else self.hook_point._bwd
-        if self in hooks:
-            hooks.remove(self)
+        attr = "_fwd" if self.direction == "fwd" else "_bwd"
+        with _EDIT_LOCK:
+            hooks = getattr(self.hook_point, attr)
+            if self in hooks:
+                setattr(self.hook_point, attr, [h for h in hooks if h is not self])
 
     def __repr__(self) -> str:
-        return f"HookHandle({self.hook_point.name!r}, {self.direction}, fn={self.fn!r})"
+        scope = "every thread" if self.owner is None else f"thread {self.owner.name!r}"
+        return f"HookHandle({self.hook_point.name!r}, {self.direction}, {scope}, fn={self.fn!r})"
 
 
 class HookPoint(nn.Module):
@@ -54,6 +82,12 @@ class HookPoint(nn.Module):
     one at every activation for almost no cost. Forward hooks run in the order added;
     backward hooks are attached to the activation tensor itself, so they fire whenever
     a gradient flows through it, even after the hook context that added them has closed.
+
+    Threads: a hook added by :meth:`add_hook` is seen by every thread. A hook added by a
+    ``hooks()`` context, ``run_with_hooks`` or ``run_with_cache`` (a *scoped* hook) is
+    seen only by the thread that added it, so forward passes on one model from several
+    threads do not see each other's scoped hooks. ``copy.deepcopy`` (and pickling) keeps
+    the hooks every thread sees and drops the scoped ones.
 
     Attributes:
         name: the module path, e.g. ``"blocks.0.attn.hook_pattern"`` (set by the model).
@@ -76,65 +110,126 @@ class HookPoint(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.name: str = ""
+        # never edited in place (see _EDIT_LOCK): a new list replaces the old one
         self._fwd: list[HookHandle] = []
         self._bwd: list[HookHandle] = []
 
     def add_hook(self, fn: HookFn, dir: str = "fwd", is_permanent: bool = False) -> HookHandle:
-        """Attach ``fn``; returns a handle whose ``remove()`` detaches it.
+        """Attach ``fn`` for every thread; returns a handle whose ``remove()`` detaches it.
 
         Args:
             fn: called as ``fn(tensor, hook=self)``.
             dir: ``"fwd"`` for the activation, ``"bwd"`` for its gradient.
             is_permanent: survives :meth:`remove_hooks` unless ``including_permanent``.
         """
+        return self._add(fn, dir, is_permanent, owner=None)
+
+    def _add(
+        self, fn: HookFn, dir: str, is_permanent: bool, owner: threading.Thread | None
+    ) -> HookHandle:
+        """Attach ``fn``, seen by ``owner`` only (``None``: by every thread)."""
         if not callable(fn):
             raise TypeError(f"hook for {self.name!r} must be callable, got {type(fn).__name__}")
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"hook direction must be 'fwd' or 'bwd', got {dir!r}")
-        handle = HookHandle(self, fn, dir, is_permanent)
-        (self._fwd if dir == "fwd" else self._bwd).append(handle)
+        handle = HookHandle(self, fn, dir, is_permanent, owner)
+        attr = "_fwd" if dir == "fwd" else "_bwd"
+        with _EDIT_LOCK:
+            setattr(self, attr, [*getattr(self, attr), handle])
         return handle
 
     def remove_hooks(self, dir: str = "both", including_permanent: bool = False) -> None:
-        """Detach hooks in direction ``dir`` (``"fwd"``, ``"bwd"`` or ``"both"``)."""
+        """Detach hooks in direction ``dir`` (``"fwd"``, ``"bwd"`` or ``"both"``).
+
+        Removes the hooks every thread sees and the calling thread's scoped hooks (and
+        those of threads that have ended); another running thread's ``hooks()`` context
+        keeps its hooks until it exits.
+        """
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
-        for attr, d in (("_fwd", "fwd"), ("_bwd", "bwd")):
-            if dir in (d, "both"):
-                kept = [
-                    h for h in getattr(self, attr) if h.is_permanent and not including_permanent
-                ]
-                setattr(self, attr, kept)
+        me = threading.current_thread()
+
+        def kept(h: HookHandle) -> bool:
+            if h.owner is not None and h.owner is not me and h.owner.is_alive():
+                return True  # another live thread's scoped hook
+            return h.is_permanent and not including_permanent
+
+        with _EDIT_LOCK:
+            for attr, d in (("_fwd", "fwd"), ("_bwd", "bwd")):
+                if dir in (d, "both"):
+                    setattr(self, attr, [h for h in getattr(self, attr) if kept(h)])
 
     @property
     def has_hooks(self) -> bool:
-        """Whether any forward or backward hook is attached."""
+        """Whether any forward or backward hook is attached (by any thread)."""
         return bool(self._fwd or self._bwd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self._fwd or self._bwd):
             return x
-        for handle in list(self._fwd):
+        fwd, bwd = self._fwd, self._bwd  # snapshots: writers replace, never edit
+        me: threading.Thread | None = None
+        for handle in fwd:
+            if handle.owner is not None:
+                if me is None:
+                    me = threading.current_thread()
+                if handle.owner is not me:
+                    continue
             out = handle.fn(x, hook=self)
             if out is not None:
-                if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-                    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                    raise ValueError(
-                        f"forward hook {handle.fn!r} on {self.name!r} must return None or a "
-                        f"tensor of shape {tuple(x.shape)}, got {got}"
-                    )
+                _check_replacement(out, x, self, handle.fn, "forward hook", "activation")
                 x = out
-        if self._bwd and x.requires_grad:
-            for handle in list(self._bwd):
+        if bwd and x.requires_grad:
+            for handle in bwd:
+                if handle.owner is not None:
+                    if me is None:
+                        me = threading.current_thread()
+                    if handle.owner is not me:
+                        continue
                 x.register_hook(_grad_hook(handle.fn, self))
         return x
+
+    def __getstate__(self) -> dict[str, Any]:
+        """``copy.deepcopy`` and pickling keep the hooks every thread sees, not the scoped
+        ones: those belong to the ``hooks()`` context that added them, in the original."""
+        state = self.__dict__.copy()
+        for attr in ("_fwd", "_bwd"):
+            state[attr] = [h for h in state[attr] if h.owner is None]
+        return state
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
 
 
+def _check_replacement(
+    out: object, like: torch.Tensor, point: HookPoint, fn: HookFn, kind: str, what: str
+) -> None:
+    """Raise if a hook's return value cannot replace ``like`` (shape, dtype, device)."""
+    if not isinstance(out, torch.Tensor):
+        got = type(out).__name__
+    elif out.shape != like.shape:
+        got = f"shape {tuple(out.shape)}"
+    elif out.dtype != like.dtype:
+        got = f"dtype {out.dtype}"
+    elif out.device != like.device:
+        got = f"device {out.device}"
+    else:
+        return
+    raise ValueError(
+        f"{kind} {fn!r} on {point.name!r} must return None or a tensor of shape "
+        f"{tuple(like.shape)}, dtype {like.dtype}, device {like.device} (the {what}'s), "
+        f"got {got}"
+    )
+
+
 def _grad_hook(fn: HookFn, hook_point: HookPoint) -> Callable[[torch.Tensor], Any]:
     def call(grad: torch.Tensor) -> Any:
-        return fn(grad, hook=hook_point)
+        out = fn(grad, hook=hook_point)
+        if out is None:
+            return None
+        if isinstance(out, tuple | list) and len(out) == 1:
+            out = out[0]  # TransformerLens's backward hooks return (grad,)
+        _check_replacement(out, grad, hook_point, fn, "backward hook", "gradient")
+        return out
 
     return call

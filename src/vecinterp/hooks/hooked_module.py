@@ -2,6 +2,7 @@
 
 import contextlib
 import difflib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -23,6 +24,13 @@ class HookedModule(nn.Module):
 
     Subclasses call :meth:`setup_hooks` at the end of ``__init__``.
     :class:`~vecinterp.HookedVectorTransformer` is one.
+
+    Hooks and threads: hooks added by :meth:`hooks`, :meth:`run_with_hooks` (and the
+    model's ``run_with_cache``) are *scoped*: only the thread that added them sees them,
+    so several threads may run hooked or caching forward passes on one model at once,
+    each seeing its own hooks only. Hooks added by :meth:`add_hook` are *global*: every
+    thread's forward passes call them. ``copy.deepcopy(model)`` carries the global hooks
+    (the same functions, called with the copy's hook points) and no scoped ones.
 
     Example:
         >>> import torch
@@ -97,12 +105,28 @@ class HookedModule(nn.Module):
 
         Returns the handles; ``handle.remove()`` detaches one. Hooks added here stay
         until removed or :meth:`reset_hooks`; permanent ones survive ``reset_hooks()``.
+        They are global: forward passes in every thread call them (use :meth:`hooks`
+        for hooks that only the calling thread sees).
         """
+        return self._attach(name, fn, dir, is_permanent, owner=None)
+
+    def _attach(
+        self,
+        name: str | Callable[[str], bool],
+        fn: HookFn,
+        dir: str,
+        is_permanent: bool,
+        owner: threading.Thread | None,
+    ) -> list[HookHandle]:
         names = self.hook_names(name) if callable(name) else [self.hook_point(name).name]
-        return [self.hook_dict[n].add_hook(fn, dir=dir, is_permanent=is_permanent) for n in names]
+        return [self.hook_dict[n]._add(fn, dir, is_permanent, owner) for n in names]
 
     def reset_hooks(self, including_permanent: bool = False) -> None:
-        """Remove every hook (permanent ones too if ``including_permanent``)."""
+        """Remove every hook (permanent ones too if ``including_permanent``).
+
+        The hooks of a ``hooks()`` context open in another running thread stay until that
+        context exits: that thread is not disturbed, and the caller never saw them.
+        """
         for hp in self.hook_dict.values():
             hp.remove_hooks("both", including_permanent=including_permanent)
 
@@ -112,11 +136,14 @@ class HookedModule(nn.Module):
         fwd_hooks: Sequence[HookSpec] = (),
         bwd_hooks: Sequence[HookSpec] = (),
     ) -> Iterator["HookedModule"]:
-        """Attach hooks for the duration of a ``with`` block.
+        """Attach hooks for the duration of a ``with`` block, for the calling thread only.
 
         Contexts nest; each removes exactly the hooks it added when it exits, also when
         the block raises. Backward hooks attach to the tensors made inside the block,
-        so a ``backward()`` called after the block still reaches them.
+        so a ``backward()`` called after the block still reaches them. Forward passes
+        run by other threads meanwhile do not see these hooks (hooks added with
+        :meth:`add_hook` are seen by all), and a ``copy.deepcopy`` of the model taken
+        inside the block does not carry them.
 
         Example:
             >>> import torch, vecinterp as vi
@@ -127,6 +154,7 @@ class HookedModule(nn.Module):
             ...     y = model(torch.randn(2, 5, 3))
         """
         handles: list[HookHandle] = []
+        owner = threading.current_thread()
         try:
             for direction, specs in (("fwd", fwd_hooks), ("bwd", bwd_hooks)):
                 for spec in specs:
@@ -135,7 +163,7 @@ class HookedModule(nn.Module):
                             f"each {direction} hook must be a (name_or_filter, fn) pair, "
                             f"got {spec!r}"
                         )
-                    handles += self.add_hook(spec[0], spec[1], dir=direction)
+                    handles += self._attach(spec[0], spec[1], direction, False, owner)
             yield self
         finally:
             for handle in handles:
@@ -148,7 +176,7 @@ class HookedModule(nn.Module):
         bwd_hooks: Sequence[HookSpec] = (),
         **kwargs: Any,
     ) -> Any:
-        """Call the model with hooks attached for this call only.
+        """Call the model with hooks attached for this call (and this thread) only.
 
         ``bwd_hooks`` fire when the caller later back-propagates through the output.
         """
