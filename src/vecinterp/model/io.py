@@ -1,44 +1,312 @@
-"""Saving and loading models as safetensors plus a JSON config (never pickle)."""
+"""Saving and loading models as safetensors plus a JSON config (never pickle).
 
+What a save guarantees (on Linux; tested by killing saves with SIGKILL at random instants,
+see ``benchmarks/kill_saves.py``):
+
+- **All or nothing.** :func:`save` writes the new save into a hidden sibling directory,
+  flushes it to disk and swaps it in with one atomic exchange of directories
+  (``renameat2(RENAME_EXCHANGE)``). At every instant the path holds the complete old save
+  or the complete new one, never new weights beside an old config.
+- **No debris.** The hidden directories of a save killed mid-way are removed by the next
+  save to that path. Saves into one parent directory hold an OS lock (``flock``) on it,
+  so they never remove a directory that a live save is writing.
+- **Checksummed.** Every safetensors file carries a SHA-256 of its tensors (names, dtypes,
+  shapes and bytes, see :func:`tensor_checksum`) in its header; loading verifies it and
+  names the file that does not match. Files written before checksums existed still load.
+- **Finite.** Saving refuses NaN/inf weights, and so does loading.
+
+Where ``renameat2`` is missing (other systems, some network file systems) the swap is two
+renames; a save killed between them is rolled back to the old save by the next load or save.
+"""
+
+import contextlib
+import ctypes
+import errno
+import functools
+import hashlib
 import json
 import os
+import secrets
+import shutil
+import stat
+import sys
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save_file
 
 from .config import VectorTransformerConfig
 from .transformer import HookedVectorTransformer
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None  # type: ignore[assignment]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT = "vecinterp-model"
 FORMAT_VERSION = 1
+CHECKSUM_KEY = "vecinterp.sha256"
+"""The safetensors header (``__metadata__``) key that holds :func:`tensor_checksum`."""
+_NEW = ".vecinterp-new-"  # ".{name}.vecinterp-new-XXXX": a save being written (or the old one)
+_OLD = ".vecinterp-old-"  # ".{name}.vecinterp-old-XXXX": the old save, mid-swap (no renameat2)
+_SHOWN = 3  # how many offending tensors an error lists before giving a count
+
+
+# ------------------------------------------------------------------ checksums and checks
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def tensor_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The SHA-256 (hex) of named tensors: each tensor's name, dtype, shape and bytes
+    (little-endian), in the order of the sorted names. Independent of the file layout, so
+    the same tensors always give the same checksum.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.model.io import tensor_checksum
+        >>> a = tensor_checksum({"w": torch.zeros(2), "b": torch.ones(1)})
+        >>> a == tensor_checksum({"b": torch.ones(1), "w": torch.zeros(2)}), len(a)
+        (True, 64)
+        >>> a == tensor_checksum({"w": torch.zeros(2, 1), "b": torch.ones(1)})
+        False
+    """
+    digest = hashlib.sha256(b"vecinterp-tensors-1\n")
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode() + b"\n")
+        size = tensor.element_size()
+        flat = tensor.reshape(-1).view(_INT_OF_SIZE.get(size, torch.uint8)).numpy()
+        if sys.byteorder == "big" and size in (2, 4, 8):  # pragma: no cover
+            flat = flat.byteswap()
+        digest.update(flat.tobytes())
+    return digest.hexdigest()
+
+
+def verify_checksum(
+    tensors: Mapping[str, torch.Tensor], header: Mapping[str, str], source: str | os.PathLike[str]
+) -> bool:
+    """Check ``tensors`` against the checksum stored in their file's ``header``; raise
+    ``ValueError`` naming ``source`` if they differ. Returns ``False`` for a file written
+    before checksums existed (no checksum to check), ``True`` otherwise."""
+    stored = header.get(CHECKSUM_KEY)
+    if stored is None:
+        return False
+    computed = tensor_checksum(tensors)
+    if computed != stored:
+        raise ValueError(
+            f"{source} is corrupted: its tensor data does not match the SHA-256 checksum "
+            f"stored in its header (stored {str(stored)[:16]}…, computed {computed[:16]}…); "
+            "restore the file from a copy or write it again"
+        )
+    return True
+
+
+def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and header metadata of a safetensors file, checksum verified.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
+    one that is truncated, not safetensors, or corrupted (checksum mismatch)."""
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{file} is missing") from None
+    except IsADirectoryError:
+        raise ValueError(f"{file} is a directory, expected a safetensors file") from None
+    return _parse_safetensors(data, file)
+
+
+def _parse_safetensors(data: bytes, file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        tensors = load_bytes(data)
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + length]).get("__metadata__") or {}
+    except (SafetensorError, ValueError, OSError, RuntimeError, OverflowError) as err:
+        raise ValueError(
+            f"{file} is not a readable safetensors file (truncated or corrupted?): {err}"
+        ) from None
+    verify_checksum(tensors, header, file)
+    return tensors, header
+
+
+def refuse_non_finite(tensors: Mapping[str, torch.Tensor], where: str) -> None:
+    """Raise ``ValueError`` naming the tensors of ``tensors`` that hold NaN or inf."""
+    bad = []
+    for name, tensor in tensors.items():
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(
+            torch.isfinite(tensor).all()
+        ):
+            n_nan = int(torch.isnan(tensor).sum())
+            bad.append(f"{name} ({n_nan} NaN, {int((~torch.isfinite(tensor)).sum()) - n_nan} inf)")
+    if bad:
+        more = f" and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
+        raise ValueError(
+            f"{where}: {len(bad)} tensor(s) hold non-finite values: "
+            + ", ".join(bad[:_SHOWN])
+            + more
+        )
+
+
+# ------------------------------------------------------------------ file-system primitives
 
 
 def atomic_write(path: Path, write: Any) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over
     ``path``: readers see the old file or the new one, never half of one."""
-    tmp = _staged(path, write)
-    os.replace(tmp, path)
-
-
-def _staged(path: Path, write: Any) -> Path:
-    """Write a temporary file beside ``path`` with ``write(tmp)``; removed if that fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    os.chmod(name, 0o644)  # mkstemp makes 0600 files; a saved model is meant to be shared
-    tmp = Path(name)
+    os.chmod(name, 0o644)  # mkstemp makes 0600 files; a saved file is meant to be shared
     try:
-        write(tmp)
+        write(Path(name))
+        _fsync_file(Path(name))
+        os.replace(name, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(name).unlink(missing_ok=True)
         raise
-    return tmp
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries to disk (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def directory_lock(folder: Path, *, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the directory ``folder`` itself for the ``with`` block.
+
+    Yields ``True`` when the lock is held, ``False`` where the platform or file system has
+    no ``flock`` (the caller then skips what needs it). The kernel drops the lock when the
+    process dies, however it dies. With ``blocking=False`` a lock held elsewhere raises
+    ``BlockingIOError``."""
+    if fcntl is None:
+        yield False
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            held = True
+        except BlockingIOError:
+            raise
+        except OSError:  # e.g. a network file system without flock on directories
+            held = False
+        yield held
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+@functools.cache
+def _renameat2() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc < 2.28, musl
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap the two existing paths ``a`` and ``b``; ``False`` where the system or
+    file system cannot."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(stage: Path, directory: Path) -> Path:
+    """Make the complete directory ``stage`` the one at ``directory``; return where the
+    previous contents of ``directory`` now are (to be deleted)."""
+    if _exchange(stage, directory):
+        return stage
+    # Two renames. A kill between them leaves ``directory`` missing and the old save at
+    # ``old``: :func:`_recover` renames it back (the caller holds the parent's lock).
+    old = directory.parent / f".{directory.name}{_OLD}{secrets.token_hex(4)}"
+    os.rename(directory, old)
+    try:
+        os.rename(stage, directory)
+    except BaseException:
+        os.rename(old, directory)
+        raise
+    return old
+
+
+def _leftovers(directory: Path) -> tuple[list[Path], list[Path]]:
+    """The hidden siblings of ``directory`` that saves made: staged and swapped-out ones."""
+    new, old = f".{directory.name}{_NEW}", f".{directory.name}{_OLD}"
+    staged: list[Path] = []
+    swapped: list[Path] = []
+    try:
+        entries = list(os.scandir(directory.parent))
+    except OSError:
+        return staged, swapped
+    for entry in entries:
+        if entry.name.startswith(new):
+            staged.append(Path(entry.path))
+        elif entry.name.startswith(old):
+            swapped.append(Path(entry.path))
+    return staged, swapped
+
+
+def _recover(directory: Path, *, clean: bool) -> None:
+    """Finish what a killed save left beside ``directory``: roll an interrupted two-rename
+    swap back to the old save and (with ``clean``: the caller holds the lock, so no live
+    save owns them) remove the hidden directories."""
+    staged, swapped = _leftovers(directory)
+    if swapped and not os.path.lexists(directory):
+        newest = max(swapped, key=lambda p: p.stat().st_mtime)
+        os.rename(newest, directory)
+        swapped.remove(newest)
+        fsync_dir(directory.parent)
+    if clean:
+        for leftover in staged + swapped:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ save
 
 
 def save(
@@ -48,13 +316,18 @@ def save(
 ) -> Path:
     """Write ``model`` to the directory ``path``: ``model.safetensors`` and ``config.json``.
 
-    Both files are written in full to temporary names first and only then renamed into
-    place, so an interrupted save leaves the previous files intact. The config is also
-    stored inside the safetensors header, and :func:`load` checks that the two agree.
-    ``metadata`` (JSON-serialisable) is stored in the config file under ``"metadata"``.
+    The save is all or nothing: everything is written to a hidden sibling directory, flushed
+    to disk, and swapped in with one atomic rename, so at every instant (a kill -9 included)
+    ``path`` holds the complete previous save or the complete new one. Hidden directories
+    left by a killed save are removed by the next save to ``path``. Other plain files in
+    ``path`` (a README, a history) are kept; a subdirectory there is refused, as the
+    directory is replaced as a whole. The safetensors header holds the config and a SHA-256
+    of the tensors (:func:`tensor_checksum`), which :func:`load` verifies. Non-finite
+    weights are refused (``ValueError`` naming them). ``metadata`` (JSON-serialisable) is
+    stored in the config file under ``"metadata"``.
 
     Returns:
-        The directory.
+        ``path``, the directory.
 
     Example:
         >>> import tempfile, vecinterp as vi
@@ -68,11 +341,13 @@ def save(
     if not isinstance(model, HookedVectorTransformer):
         raise TypeError(f"save expects a HookedVectorTransformer, got {type(model).__name__}")
     directory = Path(path)
+    if directory.is_symlink():  # save where the link points, as writing into it would
+        directory = directory.resolve()
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory} exists and is not a directory")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    refuse_non_finite(tensors, "save refuses a model with non-finite weights")
     dtypes = {str(t.dtype) for t in tensors.values()}
-    config_json = json.dumps(model.cfg.to_dict(), sort_keys=True)
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -80,19 +355,89 @@ def save(
         "dtype": dtypes.pop() if len(dtypes) == 1 else None,
         "metadata": metadata or {},
     }
-    text = json.dumps(record, indent=2, sort_keys=True)
-    header = {"format": FORMAT, "config": config_json}
-    weights_tmp = _staged(
-        directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=header)
-    )
+    text = json.dumps(record, indent=2, sort_keys=True)  # bad metadata fails before any write
+    header = {
+        "format": FORMAT,
+        "config": json.dumps(model.cfg.to_dict(), sort_keys=True),
+        CHECKSUM_KEY: tensor_checksum(tensors),
+    }
+    parent = directory.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with directory_lock(parent) as locked:
+        _recover(directory, clean=locked)
+        directory.mkdir(exist_ok=True)
+        carried = _carried_entries(directory)
+        stage = Path(tempfile.mkdtemp(dir=parent, prefix=f".{directory.name}{_NEW}"))
+        try:
+            os.chmod(stage, stat.S_IMODE(directory.stat().st_mode))  # mkdtemp makes 0700
+            save_file(tensors, str(stage / WEIGHTS_FILE), metadata=header)
+            (stage / CONFIG_FILE).write_text(text)
+            for entry in carried:
+                _carry(Path(entry.path), stage / entry.name, entry.is_symlink())
+            for name in (WEIGHTS_FILE, CONFIG_FILE):
+                _fsync_file(stage / name)
+            fsync_dir(stage)
+            previous = _swap_in(stage, directory)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        shutil.rmtree(previous, ignore_errors=True)
+        fsync_dir(parent)
+    return Path(path)
+
+
+def _carried_entries(directory: Path) -> list[os.DirEntry[str]]:
+    """The files of ``directory`` that are not the save's own, to keep in the new one."""
+    carried = []
+    for entry in os.scandir(directory):
+        if entry.name in (WEIGHTS_FILE, CONFIG_FILE):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            raise ValueError(
+                f"cannot save into {directory}: it holds the folder {entry.name!r}, and "
+                "vecinterp.save replaces the directory as a whole (keeping plain files only); "
+                "save into a new or empty directory, or move the folder out"
+            )
+        carried.append(entry)
+    return carried
+
+
+def _carry(source: Path, target: Path, is_link: bool) -> None:
+    if is_link:
+        os.symlink(os.readlink(source), target)
+        return
     try:
-        config_tmp = _staged(directory / CONFIG_FILE, lambda tmp: tmp.write_text(text))
-    except BaseException:
-        weights_tmp.unlink(missing_ok=True)
-        raise
-    os.replace(weights_tmp, directory / WEIGHTS_FILE)
-    os.replace(config_tmp, directory / CONFIG_FILE)
-    return directory
+        os.link(source, target)  # the same file, no copy
+    except OSError:
+        shutil.copy2(source, target)
+
+
+# ------------------------------------------------------------------ load
+
+
+def _parse_config(data: bytes, file: Path) -> tuple[VectorTransformerConfig, dict[str, Any]]:
+    try:
+        record = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError(f"{file} is not a vecinterp model config (missing format={FORMAT!r})")
+    version = record.get("format_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(f"{file}: format_version must be an int, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"{file} has format_version {version}; this vecinterp reads up to "
+            f"{FORMAT_VERSION}: upgrade vecinterp"
+        )
+    if not isinstance(record.get("config"), dict):
+        raise ValueError(f"{file} has no 'config' record")
+    try:
+        cfg = VectorTransformerConfig.from_dict(record["config"])
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{file}: {err}") from None
+    metadata = record.get("metadata", {})
+    return cfg, metadata if isinstance(metadata, dict) else {}
 
 
 def read_config(path: str | os.PathLike[str]) -> tuple[VectorTransformerConfig, dict[str, Any]]:
@@ -102,24 +447,64 @@ def read_config(path: str | os.PathLike[str]) -> tuple[VectorTransformerConfig, 
         raise FileNotFoundError(
             f"no {CONFIG_FILE} in {Path(path)} (was it written by vecinterp.save?)"
         )
+    return _parse_config(file.read_bytes(), file)
+
+
+class _Moved(Exception):
+    """The save directory was swapped while it was being read."""
+
+
+def _read_once(directory: Path) -> tuple[bytes, bytes]:
+    """The bytes of the config and the weights, both read from one directory inode (a save
+    swapping in a new directory meanwhile raises ``_Moved``: read again)."""
+    missing = {
+        CONFIG_FILE: f"no {CONFIG_FILE} in {directory} (was it written by vecinterp.save?)",
+        WEIGHTS_FILE: f"no {WEIGHTS_FILE} in {directory}",
+    }
+    if os.open not in os.supports_dir_fd:  # pragma: no cover - not on Linux
+        try:
+            return (directory / CONFIG_FILE).read_bytes(), (directory / WEIGHTS_FILE).read_bytes()
+        except FileNotFoundError as err:
+            raise FileNotFoundError(missing[Path(str(err.filename)).name]) from None
+    dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        record = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file} is not valid JSON: {err}") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError(f"{file} is not a vecinterp model config (missing format={FORMAT!r})")
-    if record.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(
-            f"{file} has format_version {record['format_version']}; this vecinterp reads up to "
-            f"{FORMAT_VERSION}: upgrade vecinterp"
-        )
-    if not isinstance(record.get("config"), dict):
-        raise ValueError(f"{file} has no 'config' record")
-    try:
-        cfg = VectorTransformerConfig.from_dict(record["config"])
-    except ValueError as err:
-        raise ValueError(f"{file}: {err}") from None
-    return cfg, record.get("metadata", {})
+        out = []
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            try:
+                fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+            except (FileNotFoundError, IsADirectoryError):
+                try:
+                    now = os.stat(directory)
+                except OSError:
+                    raise _Moved from None
+                before = os.fstat(dfd)
+                if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
+                    raise _Moved from None
+                raise FileNotFoundError(missing[name]) from None
+            with os.fdopen(fd, "rb") as handle:
+                out.append(handle.read())
+        return out[0], out[1]
+    finally:
+        os.close(dfd)
+
+
+def _read_save(directory: Path) -> tuple[bytes, bytes]:
+    for _ in range(10):
+        if not directory.is_dir():
+            break
+        try:
+            return _read_once(directory)
+        except _Moved:
+            continue
+    if not directory.is_dir():
+        _, swapped = _leftovers(directory)
+        if swapped:  # a save was killed between its two renames (or is between them now)
+            with directory_lock(directory.parent):  # waits for a live save to finish
+                _recover(directory, clean=False)
+            if directory.is_dir():
+                return _read_save(directory)
+        raise FileNotFoundError(f"no saved model at {directory} (expected a directory)")
+    raise OSError(f"{directory} kept changing while it was read (saves running in a loop?)")
 
 
 def load(
@@ -127,9 +512,12 @@ def load(
 ) -> HookedVectorTransformer:
     """Rebuild a model written by :func:`save`.
 
-    The dtype is the saved one. Raises ``FileNotFoundError`` for a missing file and
-    ``ValueError`` for a corrupted file or weights that do not match the config (listing
-    the missing, unexpected and mis-shaped tensors).
+    The dtype is the saved one. The config and the weights are read from the same save even
+    while another process saves over ``path``. The weights' SHA-256 checksum is verified
+    (files written before checksums existed load without one). Raises ``FileNotFoundError``
+    for a missing file and ``ValueError`` for a corrupted file (naming it), non-finite
+    weights, or weights that do not match the config (the first few missing, unexpected and
+    mis-shaped tensors, and how many).
 
     Args:
         path: the directory :func:`save` wrote.
@@ -146,18 +534,11 @@ def load(
         (True, False)
     """
     directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no saved model at {directory} (expected a directory)")
-    cfg, _ = read_config(directory)
+    config_data, weights_data = _read_save(directory)
+    cfg, _ = _parse_config(config_data, directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_FILE} in {directory}")
-    try:
-        tensors = load_file(str(weights))
-        with safe_open(str(weights), framework="pt") as handle:
-            header = handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{weights} is not a readable safetensors file: {err}") from None
+    tensors, header = _parse_safetensors(weights_data, weights)
+    refuse_non_finite(tensors, f"{weights} (vecinterp.save never writes these)")
     dtypes = {t.dtype for t in tensors.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
     model = HookedVectorTransformer(cfg, seed=0, dtype=dtype)
@@ -171,10 +552,16 @@ def load(
     return model.to(device) if device is not None else model
 
 
+def _first(items: list[str], sep: str = ", ") -> str:
+    shown = sep.join(items[:_SHOWN])
+    return shown + (f"{sep}… and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+
+
 def check_state_dict(
     model: HookedVectorTransformer, state: dict[str, torch.Tensor], source: str = "state dict"
 ) -> None:
-    """Raise ``ValueError`` naming every missing, unexpected or mis-shaped tensor."""
+    """Raise ``ValueError`` naming the first few missing, unexpected and mis-shaped tensors
+    (with how many there are of each)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     missing = sorted(set(expected) - set(got))
@@ -187,9 +574,12 @@ def check_state_dict(
     if missing or unexpected or shapes:
         parts = []
         if missing:
-            parts.append(f"missing {missing}")
+            parts.append(f"missing [{_first([repr(k) for k in missing])}]")
         if unexpected:
-            parts.append(f"unexpected {unexpected}")
+            parts.append(f"unexpected [{_first([repr(k) for k in unexpected])}]")
         if shapes:
-            parts.append("wrong shapes: " + "; ".join(shapes))
-        raise ValueError(f"{source} does not match its config: " + ", ".join(parts))
+            parts.append(f"wrong shapes: {_first(shapes, '; ')}")
+        count = len(missing) + len(unexpected) + len(shapes)
+        raise ValueError(
+            f"{source} does not match its config ({count} tensor(s) differ): " + ", ".join(parts)
+        )

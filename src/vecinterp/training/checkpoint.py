@@ -9,30 +9,48 @@ Layout of ``checkpoint_dir/step_00000500/`` (the state after 500 updates)::
     history.safetensors     the loss history (float64 / int64 vectors)
     trainer.json            step, training config, optimizer param_groups, data fingerprint
 
-Nothing is pickled. A checkpoint is written into a hidden temporary directory beside its
-final name and renamed into place only when complete, so a crash mid-write leaves the
-previous checkpoints as they were (and a hidden leftover, removed by the next run).
+Nothing is pickled. Every safetensors file carries a SHA-256 of its tensors, verified on
+resume. A checkpoint is written into a hidden temporary directory beside its final name
+and renamed into place only when complete, so a crash mid-write leaves the previous
+checkpoints as they were (and a hidden leftover, removed by the next run).
+
+A training run owns its ``checkpoint_dir``: it holds an OS lock (``flock``) on the file
+``.vecinterp-train.lock`` there from start to end (the kernel releases it when the process
+dies, however it dies), and a second run on the same directory is refused.
 """
 
 import json
+import math
 import os
 import re
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from ..model.io import CHECKSUM_KEY, read_tensors, tensor_checksum
+from ..model.io import _swap_in as swap_in
 from ..model.io import load as load_model
 from ..model.io import save as save_model
 from ..model.transformer import HookedVectorTransformer
+from .result import _PER_EVAL, _PER_STEP
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None  # type: ignore[assignment]
 
 FORMAT = "vecinterp-checkpoint"
 FORMAT_VERSION = 1
 TRAINER_FILE = "trainer.json"
+LOCK_FILE = ".vecinterp-train.lock"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".step_"
 
@@ -67,8 +85,122 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Path | None:
     return found[-1] if found else None
 
 
+class DirectoryOwner:
+    """The lock of a training run on its checkpoint directory (see :func:`own_directory`)."""
+
+    def __init__(self, directory: Path, fd: int | None):
+        self.directory = directory
+        self.fd = fd
+
+    @property
+    def held(self) -> bool:
+        """Whether an OS lock is held (``False`` where the file system has no ``flock``)."""
+        return self.fd is not None
+
+    def __del__(self) -> None:  # a run that failed before its try block still lets go
+        self.release()
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent)."""
+        if self.fd is None:
+            return
+        try:
+            if _same_file(self.fd, self.directory / LOCK_FILE):
+                os.unlink(self.directory / LOCK_FILE)  # still held: no one else can own it
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev)
+
+
+def own_directory(checkpoint_dir: Path) -> DirectoryOwner:
+    """Create ``checkpoint_dir`` if needed and take its training lock, or raise
+    ``ValueError`` naming the run that holds it (pid, host, start time).
+
+    The lock is an exclusive ``flock`` on ``checkpoint_dir/.vecinterp-train.lock``, which
+    records its holder. :meth:`DirectoryOwner.release` removes the file; a killed run leaves
+    it behind, unlocked, and the next run takes it over.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from vecinterp.training.checkpoint import own_directory
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     first = own_directory(Path(d))
+        ...     try:
+        ...         own_directory(Path(d))
+        ...     except ValueError as err:
+        ...         print(str(err).split(" (")[0].endswith("is in use by another training run"))
+        ...     first.release()
+        ...     own_directory(Path(d)).release()
+        True
+    """
+    if checkpoint_dir.exists() and not checkpoint_dir.is_dir():
+        raise ValueError(
+            f"checkpoint_dir must be a directory (created if missing), but {checkpoint_dir} "
+            "is a file"
+        )
+    try:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"checkpoint_dir {checkpoint_dir} cannot be created: {err.strerror or err}"
+        ) from None
+    if fcntl is None:  # pragma: no cover - no flock on this platform
+        return DirectoryOwner(checkpoint_dir, None)
+    path = checkpoint_dir / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe_holder(fd)
+            os.close(fd)
+            raise ValueError(
+                f"checkpoint_dir {checkpoint_dir} is in use by another training run "
+                f"({holder}); two runs in one directory would overwrite each other's "
+                "checkpoints: wait for that run to end, or pass another checkpoint_dir"
+            ) from None
+        except OSError:  # a file system without flock: run unlocked, as before
+            os.close(fd)
+            return DirectoryOwner(checkpoint_dir, None)
+        if _same_file(fd, path):  # not removed by a run that released it meanwhile
+            break
+        os.close(fd)
+    details = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "command": " ".join(sys.argv)[:200],
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(details) + "\n").encode(), 0)
+    return DirectoryOwner(checkpoint_dir, fd)
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0))
+        return f"pid {info['pid']} on host {info['host']}, started {info['started']}" + (
+            f", command {info['command']!r}" if info.get("command") else ""
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its holder has not written its pid yet"
+
+
 def remove_partial(checkpoint_dir: Path) -> None:
-    """Delete hidden leftovers of checkpoint writes that a crash interrupted."""
+    """Delete hidden leftovers of checkpoint writes that a crash interrupted. Only for the
+    run that owns ``checkpoint_dir`` (:func:`own_directory`): a live run's are its own."""
     if checkpoint_dir.is_dir():
         for child in checkpoint_dir.iterdir():
             if child.name.startswith(_TMP_PREFIX) and child.is_dir():
@@ -111,9 +243,11 @@ def write_checkpoint(
         save_model(model, tmp / "model", metadata={"step": step})
         if average is not None:
             save_model(average, tmp / "average", metadata={"step": step})
-        save_file(state_tensors, str(tmp / "optimizer.safetensors"))
-        save_file(_cpu(rng), str(tmp / "rng.safetensors"))
-        save_file(_cpu(history), str(tmp / "history.safetensors"))
+        for name, tensors in (
+            ("optimizer", state_tensors), ("rng", _cpu(rng)), ("history", _cpu(history))
+        ):  # fmt: skip
+            header = {"format": FORMAT, CHECKSUM_KEY: tensor_checksum(tensors)}
+            save_file(tensors, str(tmp / f"{name}.safetensors"), metadata=header)
         (tmp / TRAINER_FILE).write_text(json.dumps(trainer, indent=2, sort_keys=True))
 
     return _write_dir_atomically(checkpoint_dir / step_dir_name(step), write)
@@ -122,31 +256,111 @@ def write_checkpoint(
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Everything in one checkpoint: ``record`` (trainer.json), ``model``, ``average``
     (the weight average, or ``None``), ``optimizer`` (a state dict for
-    ``load_state_dict``), ``rng`` and ``history`` tensors."""
+    ``load_state_dict``), ``rng`` and ``history`` tensors.
+
+    Every checksum is verified; a corrupted or truncated file, or a record with a missing
+    or mistyped field, raises ``ValueError`` naming the file (and the field)."""
+    file = path / TRAINER_FILE
     try:
-        record = json.loads((path / TRAINER_FILE).read_text())
+        record = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"{path / TRAINER_FILE} is not a readable checkpoint record: {err}"
-        ) from None
+        raise ValueError(f"{file} is not a readable checkpoint record: {err}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path} is not a vecinterp training checkpoint")
-    if record.get("format_version", 0) > FORMAT_VERSION:
+    _check_record(record, file)
+    if record["format_version"] > FORMAT_VERSION:
         raise ValueError(
             f"{path} has checkpoint format_version {record['format_version']}; this vecinterp "
             f"reads up to {FORMAT_VERSION}: upgrade vecinterp"
         )
+    match = _STEP_DIR.match(path.name)
+    if match and int(match.group(1)) != record["step"]:
+        raise ValueError(
+            f"{file}: field 'step' is {record['step']} but the checkpoint's folder is "
+            f"{path.name}: the record belongs to another checkpoint"
+        )
+    optimizer_file = path / "optimizer.safetensors"
     optimizer = _unflatten_optimizer(
-        load_file(str(path / "optimizer.safetensors")), record["optimizer"]["param_groups"]
+        read_tensors(optimizer_file)[0], record["optimizer"]["param_groups"], optimizer_file
     )
+    rng = read_tensors(path / "rng.safetensors")[0]
+    needed = ["torch_cpu"] + (
+        ["data_generator"] if record["config"].get("data") == "make_batch" else []
+    )
+    _require(rng, needed, path / "rng.safetensors")
+    history = read_tensors(path / "history.safetensors")[0]
+    _require(history, list(_PER_STEP + _PER_EVAL), path / "history.safetensors")
     return {
         "record": record,
         "model": load_model(path / "model"),
         "average": load_model(path / "average") if (path / "average").is_dir() else None,
         "optimizer": optimizer,
-        "rng": load_file(str(path / "rng.safetensors")),
-        "history": load_file(str(path / "history.safetensors")),
+        "rng": rng,
+        "history": history,
     }
+
+
+def _require(tensors: dict[str, torch.Tensor], names: list[str], file: Path) -> None:
+    missing = [name for name in names if name not in tensors]
+    if missing:
+        raise ValueError(f"{file} lacks the tensor(s) {missing} a checkpoint holds")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "format_version": ("an int >= 1", lambda v: _is_int(v) and v >= 1),
+    "step": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "config": ("an object (the run's config)", lambda v: isinstance(v, dict)),
+    "data_fingerprint": ("a string (a SHA-256)", lambda v: isinstance(v, str)),
+    "elapsed": (
+        "a finite number >= 0 (seconds)",
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf,
+    ),
+    "optimizer": (
+        "an object with a list 'param_groups' of objects",
+        lambda v: (
+            isinstance(v, dict)
+            and isinstance(v.get("param_groups"), list)
+            and all(
+                isinstance(g, dict) and isinstance(g.get("params"), list) for g in v["param_groups"]
+            )
+        ),
+    ),
+}
+
+
+def _check_record(record: dict[str, Any], file: Path) -> None:
+    """Raise ``ValueError`` naming ``file`` and the field for a missing or mistyped field."""
+    for field, (expected, valid) in _FIELDS.items():
+        if field not in record:
+            raise ValueError(f"{file}: the field {field!r} is missing (expected {expected})")
+        if not valid(record[field]):
+            raise ValueError(f"{file}: field {field!r} must be {expected}, got {record[field]!r}")
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path) -> None:
+    """``optimizer.load_state_dict(state)``, refusing (``ValueError`` naming the file) a
+    state whose parameter count or tensor shapes do not fit ``optimizer``'s parameters."""
+    file = path / "optimizer.safetensors"
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, per_param in state["state"].items():
+        if not 0 <= index < len(params):
+            raise ValueError(
+                f"{file} holds state for parameter {index}; the model has {len(params)}"
+            )
+        for name, value in per_param.items():
+            if value.dim() > 0 and value.shape != params[index].shape:
+                raise ValueError(
+                    f"{file}: state.{index}.{name} has shape {tuple(value.shape)}, but parameter "
+                    f"{index} has shape {tuple(params[index].shape)}"
+                )
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise ValueError(f"{file} does not fit this run's optimizer: {err}") from None
 
 
 def _write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
@@ -157,13 +371,15 @@ def _write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         _fsync_tree(tmp)
-        if final.exists():  # a stale checkpoint of the same step: swap it out, then drop it
-            os.replace(final, tmp.with_suffix(".old"))
-        os.replace(tmp, final)
+        # a stale checkpoint of the same step is swapped out in one exchange, then dropped
+        previous = swap_in(tmp, final) if final.exists() else None
+        if previous is None:
+            os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(tmp.with_suffix(".old"), ignore_errors=True)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
     _fsync_dir(final.parent)
     return final
 
@@ -219,12 +435,14 @@ def _flatten_optimizer(
 
 
 def _unflatten_optimizer(
-    tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]]
+    tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]], file: Path
 ) -> dict[str, Any]:
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        _, index, name = key.split(".", 2)
-        state.setdefault(int(index), {})[name] = value
+        match = re.fullmatch(r"state\.(\d+)\.(.+)", key)
+        if match is None:
+            raise ValueError(f"{file} holds the tensor {key!r}; expected state.<index>.<name>")
+        state.setdefault(int(match.group(1)), {})[match.group(2)] = value
     param_groups = []
     for group in groups:
         tuples = set(group.get("__tuples__", []))

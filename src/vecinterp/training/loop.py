@@ -11,7 +11,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..model.transformer import HookedVectorTransformer
-from .checkpoint import latest_checkpoint, prune, read_checkpoint, remove_partial, write_checkpoint
+from .checkpoint import (
+    latest_checkpoint,
+    own_directory,
+    prune,
+    read_checkpoint,
+    remove_partial,
+    restore_optimizer,
+    write_checkpoint,
+)
 from .data import (
     MakeBatchSource,
     StreamSource,
@@ -91,11 +99,15 @@ def train(
     model (:func:`vecinterp.save`), AdamW's state, the RNG states (torch's global CPU
     generator, the data generator, CUDA's if used), the history and the config, as
     safetensors + JSON (no pickle), written into a temporary directory and renamed into
-    place. One is written every ``checkpoint_every`` updates and after the last; the newest
-    ``keep_last`` are kept. ``resume=True`` continues from the newest (or starts afresh if
-    there is none) and ends bit-identical to an uninterrupted run on the same device. A
-    NaN/inf loss or gradient raises :class:`TrainingDivergedError` naming the step, before
-    the update, so earlier checkpoints hold the last good state.
+    place; every safetensors file carries a SHA-256 of its tensors, verified on resume. One
+    is written every ``checkpoint_every`` updates and after the last; the newest
+    ``keep_last`` are kept. The run owns ``checkpoint_dir`` from start to end by an OS lock
+    (``flock`` on ``.vecinterp-train.lock`` there; released however the run ends, even by
+    ``kill -9``): a second run on the same directory is refused before it touches a file.
+    ``resume=True`` continues from the newest (or starts afresh if there is none) and ends
+    bit-identical to an uninterrupted run on the same device. A NaN/inf loss or gradient
+    raises :class:`TrainingDivergedError` naming the step, before the update, so earlier
+    checkpoints hold the last good state.
 
     Args:
         model: the model to train (copied; not modified).
@@ -140,8 +152,10 @@ def train(
         :class:`~vecinterp.training.result.TrainHistory` and the optimizer.
 
     Raises:
-        ValueError, TypeError: for bad arguments, a checkpoint of another config, or data
-            that run out. FileExistsError: checkpoints exist and ``resume=False``.
+        ValueError, TypeError: for bad arguments, a checkpoint of another config or a
+            corrupted one (naming the file), data that run out, or a ``checkpoint_dir``
+            that another run holds (naming its pid, host and start time).
+        FileExistsError: checkpoints exist and ``resume=False``.
         TrainingDivergedError: a ``FloatingPointError`` for a non-finite loss.
 
     Example:
@@ -184,18 +198,27 @@ def train(
     }  # fmt: skip
     history, start, elapsed, checkpoint = TrainHistory(), 0, 0.0, None
     ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if ckdir is not None:
-        remove_partial(ckdir)
-        checkpoint = latest_checkpoint(ckdir)
-        if checkpoint is not None and not resume:
-            raise FileExistsError(
-                f"{ckdir} already holds checkpoints (newest: {checkpoint.name}); pass "
-                "resume=True to continue that run, or use an empty checkpoint_dir"
-            )
-        if checkpoint is not None:
-            start, history, elapsed = _restore(
-                checkpoint, config, net, optimizer, source, dev, average
-            )
+    # the run owns its checkpoint directory (an OS lock) until it returns or dies: a second
+    # run on it is refused before it touches any file there
+    owner = own_directory(ckdir) if ckdir is not None else None
+    try:
+        if ckdir is not None and owner is not None:
+            if owner.held:  # hidden leftovers of killed runs: no live run owns them
+                remove_partial(ckdir)
+            checkpoint = latest_checkpoint(ckdir)
+            if checkpoint is not None and not resume:
+                raise FileExistsError(
+                    f"{ckdir} already holds checkpoints (newest: {checkpoint.name}); pass "
+                    "resume=True to continue that run, or use an empty checkpoint_dir"
+                )
+            if checkpoint is not None:
+                start, history, elapsed = _restore(
+                    checkpoint, config, net, optimizer, source, dev, average
+                )
+    except BaseException:
+        if owner is not None:
+            owner.release()
+        raise
 
     def save(done: int, last: Tensors) -> Path:
         assert ckdir is not None
@@ -276,6 +299,8 @@ def train(
                 callback(step, metrics)
     finally:
         bar.close()
+        if owner is not None:
+            owner.release()
     if average is None:
         return TrainResult(net, history, optimizer, dev, checkpoint, raw_model=net)
     average.train()
@@ -340,7 +365,7 @@ def _restore(
         if saved["average"] is None:
             raise ValueError(f"cannot resume from {path}: it holds no weight average")
         average.load_state_dict(saved["average"].state_dict())
-    optimizer.load_state_dict(saved["optimizer"])
+    restore_optimizer(optimizer, saved["optimizer"], path)
     source.restore(step, saved["rng"], record["data_fingerprint"])
     torch.set_rng_state(saved["rng"]["torch_cpu"])
     if dev.type == "cuda" and "cuda" in saved["rng"]:

@@ -1,7 +1,9 @@
 """Argument checks and the set-up of a training run: device, data source, evaluation."""
 
 import math
+import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
@@ -124,6 +126,17 @@ def check_args(
         check_int("eval_every", eval_every, minimum=1)
         if eval_data is None:
             raise ValueError("eval_every needs eval_data (a list of batches or fn(model))")
+    if checkpoint_dir is not None:
+        if not isinstance(checkpoint_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"checkpoint_dir must be a path (str or os.PathLike) or None, got "
+                f"{type(checkpoint_dir).__name__}"
+            )
+        if Path(checkpoint_dir).exists() and not Path(checkpoint_dir).is_dir():
+            raise ValueError(
+                f"checkpoint_dir must be a directory (created if missing), but {checkpoint_dir} "
+                "is a file"
+            )
     if checkpoint_every is not None:
         check_int("checkpoint_every", checkpoint_every, minimum=1)
         if checkpoint_dir is None:
