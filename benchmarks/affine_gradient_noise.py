@@ -14,7 +14,8 @@ reports:
 - ``between``: the variance of the per-length means about their average (the extra noise
   of drawing the length per batch, which mixing lengths within a step could remove).
 
-Run: python benchmarks/affine_gradient_noise.py [--checkpoint checkpoints/affine_recurrence]
+Run: python benchmarks/affine_gradient_noise.py [--checkpoint PATH]  (default: the shipped
+reference model, ``affine_recurrence.reference_path("fast")``)
 """
 
 import argparse
@@ -25,7 +26,7 @@ import torch
 import vecinterp as vi
 from vecinterp.tasks import affine_recurrence as ar
 
-CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "affine_recurrence"
+CHECKPOINT = ar.reference_path("fast")
 
 
 def flat_gradient(model: vi.HookedVectorTransformer, batch: ar.AffineBatch) -> torch.Tensor:

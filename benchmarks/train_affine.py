@@ -46,7 +46,7 @@ TARGET = 1e-4
 OVERRIDES = (("batch_size", int), ("lr", float), ("warmup_steps", int), ("schedule", str),
              ("min_lr", float), ("ema_decay", float), ("ema_start", int))  # fmt: skip
 """Recipe keys that full mode's command line can override, with their types."""
-HISTORY = Path(__file__).resolve().parents[1] / "checkpoints" / "affine_recurrence" / "history.json"
+HISTORY = ar.reference_path("fast") / "history.json"
 
 
 def train_kwargs(recipe: dict) -> dict:

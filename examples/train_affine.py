@@ -1,11 +1,17 @@
 """Train the affine-recurrence paper's model with vecinterp's own training loop.
 
 Recipes (``--recipe``): ``fast`` (the default, ``affine_recurrence.FAST_RECIPE``, which
-trained the shipped checkpoint in checkpoints/affine_recurrence; benchmarks/train_affine.py
-measures its speed-up) and ``paper`` (100k steps, batch 16, AdamW lr 1e-4, wd 0.01).
-``--lr`` scales a cosine schedule's floor with the peak.
+trained the shipped reference model ``affine_recurrence.load_reference("fast")``;
+benchmarks/train_affine.py measures its speed-up) and ``paper`` (100k steps, batch 16, AdamW
+lr 1e-4, wd 0.01). ``--lr`` scales a cosine schedule's floor with the peak.
 
-Run: python examples/train_affine.py --out checkpoints/affine_recurrence [--resume]
+Run: python examples/train_affine.py [--recipe paper] [--seed 1] [--resume]
+
+The model goes to ``--out`` (default ``checkpoints/affine_<recipe>_seed<seed>``; load it with
+``vi.load``), the resumable training checkpoints to ``checkpoints/_train_runs/<recipe>_seed<seed>``.
+To ship a trained model as a reference model, copy its folder to
+``src/vecinterp/tasks/reference/affine_recurrence_<name>/`` with a README saying how it was
+trained, and add ``<name>`` to ``affine_recurrence.REFERENCE_MODELS``.
 """
 
 import argparse
@@ -34,13 +40,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--lr", type=float)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="checkpoints/affine_recurrence")
-    parser.add_argument("--checkpoint-dir", default=None, help="default: OUT/../_train_runs")
+    parser.add_argument("--out", help="default: checkpoints/affine_<recipe>_seed<seed>")
+    parser.add_argument(
+        "--checkpoint-dir", default=None, help="default: OUT/../_train_runs/<recipe>_seed<seed>"
+    )
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
+    run_name = f"{args.recipe}_seed{args.seed}"
+    args.out = args.out or f"checkpoints/affine_{run_name}"
     recipe: dict = dict(RECIPES[args.recipe])
     if args.lr is not None and "min_lr" in recipe:
         recipe["min_lr"] *= args.lr / recipe["lr"]
@@ -50,10 +60,9 @@ def main() -> None:
     cfg = vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS)
     model = vi.HookedVectorTransformer(cfg, seed=args.seed)
     batch_size = recipe["batch_size"]
-    eval_set = ar.fixed_eval_set(24, 64, seed=10_000 + args.seed)
-    checkpoint_dir = Path(
-        args.checkpoint_dir or Path(args.out).parent / "_train_runs" / args.recipe
-    )
+    eval_seed = 10_000 + args.seed
+    eval_set = ar.fixed_eval_set(24, 64, seed=eval_seed)
+    checkpoint_dir = Path(args.checkpoint_dir or Path(args.out).parent / "_train_runs" / run_name)
 
     start = time.perf_counter()
     result = vi.train(
@@ -80,6 +89,7 @@ def main() -> None:
         **recipe,
         "seed": args.seed,
         "eval_mse": final,
+        "eval_set": f"fixed_eval_set(24, 64, seed={eval_seed})",
         "wall_seconds_this_process": round(wall, 1),
         "torch": torch.__version__,
     }

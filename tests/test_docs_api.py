@@ -203,7 +203,7 @@ def test_howto_snippets_run(tmp_path, monkeypatch):
 TUTORIAL_PATH = DOCS / "tutorial.rst"
 TUTORIAL = TUTORIAL_PATH.read_text()
 EXAMPLE_PATH = ROOT / "examples" / "affine_recurrence.py"
-CHECKPOINT = ROOT / "checkpoints" / "affine_recurrence"
+CHECKPOINT = affine_recurrence.reference_path("fast")
 
 
 def _example_module() -> types.ModuleType:
@@ -227,7 +227,7 @@ def test_tutorial_session_gives_the_numbers_it_shows(monkeypatch):
     included = re.findall(r":pyobject: (\w+)", TUTORIAL)
     assert included
     globs = {name: getattr(example, name) for name in included}
-    monkeypatch.chdir(ROOT)  # the page loads "checkpoints/affine_recurrence"
+    monkeypatch.chdir(ROOT)  # the page runs as a user would, from the repository root
     try:
         result = doctest.testfile(
             str(TUTORIAL_PATH),

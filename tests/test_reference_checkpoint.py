@@ -1,12 +1,10 @@
 """The shipped affine-recurrence checkpoint loads and meets the paper's eval MSE."""
 
-from pathlib import Path
-
 import vecinterp as vi
 from vecinterp.model.io import read_config
 from vecinterp.tasks import affine_recurrence as ar
 
-CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "affine_recurrence"
+CHECKPOINT = ar.reference_path("fast")
 
 
 def test_reference_checkpoint_eval_mse_is_at_most_1e_4():
