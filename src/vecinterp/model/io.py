@@ -280,7 +280,8 @@ def _leftovers(directory: Path) -> tuple[list[Path], list[Path]]:
     staged: list[Path] = []
     swapped: list[Path] = []
     try:
-        entries = list(os.scandir(directory.parent))
+        with os.scandir(directory.parent) as scan:
+            entries = list(scan)
     except OSError:
         return staged, swapped
     for entry in entries:
@@ -389,7 +390,9 @@ def save(
 def _carried_entries(directory: Path) -> list[os.DirEntry[str]]:
     """The files of ``directory`` that are not the save's own, to keep in the new one."""
     carried = []
-    for entry in os.scandir(directory):
+    with os.scandir(directory) as scan:
+        entries = list(scan)
+    for entry in entries:
         if entry.name in (WEIGHTS_FILE, CONFIG_FILE):
             continue
         if entry.is_dir(follow_symlinks=False):
@@ -442,6 +445,7 @@ def _parse_config(data: bytes, file: Path) -> tuple[VectorTransformerConfig, dic
 
 def read_config(path: str | os.PathLike[str]) -> tuple[VectorTransformerConfig, dict[str, Any]]:
     """The config and metadata saved in the directory ``path``."""
+    _finish_interrupted(Path(path))
     file = Path(path) / CONFIG_FILE
     if not file.is_file():
         raise FileNotFoundError(
@@ -488,6 +492,17 @@ def _read_once(directory: Path) -> tuple[bytes, bytes]:
         os.close(dfd)
 
 
+def _finish_interrupted(directory: Path) -> bool:
+    """If ``directory`` is missing because a save was killed between its two renames (or
+    is between them now), wait for any live save and roll it back; ``True`` if it exists
+    afterwards."""
+    if os.path.lexists(directory) or not _leftovers(directory)[1]:
+        return False
+    with directory_lock(directory.parent):  # waits for a live save to finish
+        _recover(directory, clean=False)
+    return directory.is_dir()
+
+
 def _read_save(directory: Path) -> tuple[bytes, bytes]:
     for _ in range(10):
         if not directory.is_dir():
@@ -497,12 +512,8 @@ def _read_save(directory: Path) -> tuple[bytes, bytes]:
         except _Moved:
             continue
     if not directory.is_dir():
-        _, swapped = _leftovers(directory)
-        if swapped:  # a save was killed between its two renames (or is between them now)
-            with directory_lock(directory.parent):  # waits for a live save to finish
-                _recover(directory, clean=False)
-            if directory.is_dir():
-                return _read_save(directory)
+        if _finish_interrupted(directory):
+            return _read_save(directory)
         raise FileNotFoundError(f"no saved model at {directory} (expected a directory)")
     raise OSError(f"{directory} kept changing while it was read (saves running in a loop?)")
 
