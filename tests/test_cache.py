@@ -77,8 +77,13 @@ def expected_shapes(cfg, b: int, p: int) -> dict[str, tuple[int, ...]]:
 
 
 def is_result(name: str) -> bool:
-    """Left out of run_with_cache(names_filter=None): the cache recomputes these."""
-    return name.endswith((".attn.hook_result", ".mlp.hook_post"))
+    return name.endswith(".attn.hook_result")
+
+
+def is_recomputed(cfg, name: str) -> bool:
+    """Not stored by run_with_cache(names_filter=None) but recomputed bit for bit: a relu
+    MLP's hook_post (relu(hook_pre))."""
+    return cfg.act_fn == "relu" and name.endswith(".mlp.hook_post")
 
 
 @pytest.mark.parametrize("cfg", CFGS.values(), ids=CFGS.keys())
@@ -86,8 +91,9 @@ def test_every_hook_cached_with_documented_shape(cfg):
     model, _, y, cache = run(cfg, batch=2, n_pos=5)
     expected = expected_shapes(cfg, 2, 5)
     assert set(expected) == set(model.hook_dict)
-    # by default per-head results and MLP post-activations are recomputed on demand
-    assert set(cache) == {name for name in expected if not is_result(name)}
+    # every hook is listed; a relu MLP's hook_post is recomputed on demand
+    assert set(cache) == set(expected)
+    assert set(cache.cache_dict) == {n for n in expected if not is_recomputed(cfg, n)}
     for name, shape in expected.items():
         assert name in cache
         assert tuple(cache[name].shape) == shape, name
@@ -212,11 +218,10 @@ def test_act_name_errors():
 
 def test_mapping_protocol(ln_cache):
     model, _, _, cache = ln_cache
-    stored = [name for name in model.hook_dict if not is_result(name)]
-    assert len(cache) == len(stored) == len(list(cache))
-    assert list(iter(cache)) == list(cache.keys())
-    assert set(cache) == set(stored)
-    assert ("result", 0) in cache  # derivable from hook_z
+    assert len(cache) == len(model.hook_dict) == len(list(cache))
+    assert list(iter(cache)) == list(cache.keys()) == list(model.hook_dict)  # hook order
+    assert ("result", 0) in cache
+    assert ("post", 0) in cache  # recomputed from hook_pre on first access
     for name, value in cache.items():
         assert cache[name] is value
     assert cache.get("blocks.0.attn.hook_patern") is None
@@ -300,8 +305,8 @@ def test_decompose_resid_without_embeds(cfg):
     assert labels == component_labels(cfg, cfg.n_layers, incl_embeds=False)
     outputs = cache["resid_post", -1] - cache["resid_pre", 0]
     assert max_diff(stack.sum(0), outputs) <= EXACT
-    with pytest.raises(ValueError, match="nothing to decompose"):
-        cache.decompose_resid(layer=0, incl_embeds=False)
+    empty, empty_labels = cache.decompose_resid(layer=0, incl_embeds=False, return_labels=True)
+    assert empty.shape == (0, 2, 5, cfg.d_model) and empty_labels == []
 
 
 def test_decompose_resid_layer_out_of_range():
@@ -374,19 +379,19 @@ def test_stack_head_results(cfg):
         part, part_labels = cache.stack_head_results(layer=layer, return_labels=True)
         assert part_labels == labels[: layer * h]
         assert torch.equal(part, stack[: layer * h])
-    with pytest.raises(ValueError, match="layer=0"):
-        cache.stack_head_results(layer=0)
+    # no head before block 0: an empty stack, as in TransformerLens
+    empty, empty_labels = cache.stack_head_results(layer=0, return_labels=True)
+    assert empty.shape == (0, 2, 5, cfg.d_model) and empty_labels == []
 
-    # only hook_z cached (explicitly, or by default): results derived from z and W_O
-    for names_filter in (lambda n: not is_result(n), None):
-        _, z_only = model.run_with_cache(x, names_filter=names_filter)
-        assert not any(is_result(name) for name in z_only)
-        stack_z, labels_z = z_only.stack_head_results(return_labels=True)
-        assert labels_z == labels
-        assert max_diff(stack_z, stack) <= EXACT
-    _, no_z = model.run_with_cache(x, names_filter=lambda n: not n.endswith(("hook_z", "result")))
-    with pytest.raises(KeyError, match=r"blocks\.0\.attn\.hook_result"):
-        no_z.stack_head_results()
+    # by default hook_result is stored, as it flowed
+    _, default = model.run_with_cache(x)
+    results = [f"blocks.{ell}.attn.hook_result" for ell in range(cfg.n_layers)]
+    assert all(name in default.cache_dict for name in results)
+    assert torch.equal(default.stack_head_results(), stack)
+    # left out by names_filter: never recomputed from hook_z (it would not see hook edits)
+    _, z_only = model.run_with_cache(x, names_filter=lambda n: not is_result(n))
+    with pytest.raises(KeyError, match=r"blocks\.0\.attn\.hook_result.*names_filter"):
+        z_only.stack_head_results()
 
 
 # ---------------------------------------------------------------- apply_ln_to_stack

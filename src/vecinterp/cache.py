@@ -1,11 +1,11 @@
 """ActivationCache: the activations of one run, and decompositions of the residual stream."""
 
 import difflib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from einops import einsum
+import torch.nn.functional as F
 from jaxtyping import Float
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ _TOP = {
     "scale": "ln_final.hook_scale",
     "normalized": "ln_final.hook_normalized",
 }
+_PER_BLOCK = {*_BLOCK, *_ATTN, *_MLP} - set(_TOP)
 
 
 def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str:
@@ -64,7 +65,10 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
     if layer is None:
         if name in _TOP:
             return _TOP[name]
-        raise KeyError(f"short name {name!r} needs a layer, e.g. ({name!r}, 0)")
+        if name in _PER_BLOCK or name in ("scale", "normalized"):
+            raise KeyError(f"short name {name!r} needs a layer, e.g. ({name!r}, 0)")
+        known = sorted({*_TOP, *_PER_BLOCK})
+        raise KeyError(f"unknown short activation name {name!r}; known: {known}")
     if name in _BLOCK:
         return f"blocks.{layer}.{_BLOCK[name]}"
     if name in _ATTN:
@@ -77,26 +81,49 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
     raise KeyError(f"unknown short activation name {name!r}; known: {known}")
 
 
-def _head_results(model: "HookedVectorTransformer", layer: int, z: torch.Tensor) -> torch.Tensor:
-    w_o = cast("TransformerBlock", model.blocks[layer]).attn.W_O.detach().to(z.device)
-    return einsum(
-        z, w_o, "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model"
-    )
+_EXACT_ACT_FNS = (F.relu, torch.relu)
+"""Nonlinearities whose recomputation is exact on any device, dtype and thread count:
+``relu`` is ``max(x, 0)``, with no rounding. (``gelu``, ``silu`` and friends may differ in
+the last bit between a vectorised and a scalar path, so their output is stored.)"""
 
 
-def _mlp_post(model: "HookedVectorTransformer", layer: int, pre: torch.Tensor) -> torch.Tensor:
-    return cast("TransformerBlock", model.blocks[layer]).mlp.act_fn(pre)
+def _exact_derivations(
+    model: "HookedVectorTransformer", names: Sequence[str]
+) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
+    """Of the hook names ``names``, those ``run_with_cache`` may leave out because the
+    cache can recompute them bit for bit from another cached activation of the same run:
+    ``blocks.{l}.mlp.hook_post`` when the block's ``act_fn`` is ``relu`` (captured now, so
+    a later change of ``act_fn`` does not matter), ``hook_pre`` is cached, and no hook is
+    attached at ``hook_post`` (a hook could edit what flows there). Call it with the run's
+    hooks attached. Returns ``name -> (source name, function of the source)``."""
+    out: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {}
+    wanted = set(names)
+    for name in names:
+        if not name.endswith(".mlp.hook_post"):
+            continue
+        source = name[: -len("hook_post")] + "hook_pre"
+        layer = int(name.split(".")[1])
+        act_fn = cast("TransformerBlock", model.blocks[layer]).mlp.act_fn
+        if (
+            source in wanted
+            and any(act_fn is f for f in _EXACT_ACT_FNS)
+            and not model.hook_dict[name].has_hooks
+        ):
+            out[name] = (source, act_fn)
+    return out
 
 
-DERIVABLE = {
-    ".attn.hook_result": (".attn.hook_z", _head_results),
-    ".mlp.hook_post": (".mlp.hook_pre", _mlp_post),
-}
-"""Activations that ``run_with_cache(names_filter=None)`` leaves out because the cache
-recomputes them on first access from another cached one: per-head results
-``z_h W_O[h]`` from ``hook_z`` (``n_heads`` times the size of ``attn_out``) and the MLP's
-``act_fn(hook_pre)`` (the largest activation of a block). Not storing them saves the
-memory traffic that dominates caching on CPU."""
+def _own_storage(acts: dict[str, torch.Tensor], model: "HookedVectorTransformer") -> None:
+    """Copy, in place in ``acts``, every activation that is a view of a parameter or
+    buffer of ``model`` (``hook_pos_embed`` is ``W_pos`` broadcast over the batch), so
+    that a later change of the weights (in place, ``load_state_dict``) cannot reach the
+    cache. A broadcast axis stays broadcast: only the distinct values are copied."""
+    weights = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    for name, t in acts.items():
+        if t.untyped_storage().data_ptr() in weights:
+            # the distinct values: one entry along each broadcast (stride-0) axis
+            index = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in t.stride())
+            acts[name] = t[index].clone().expand(t.shape)
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
@@ -105,13 +132,21 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     Index with a full name (``cache["blocks.0.attn.hook_pattern"]``) or a short one
     (``cache["pattern", 0]``, ``cache["resid_post", -1]``, ``cache["scale", 1, "ln2"]``,
     ``cache["embed"]``). Gradients cached with ``incl_bwd`` sit under ``name + "_grad"``.
-    Activations in :data:`DERIVABLE` (per-head results, the MLP's post-activation) are
-    recomputed on first access when they were not cached.
+
+    What indexing returns is what flowed through that hook point in that run, hook edits
+    included. ``run_with_cache`` may leave out one activation that follows bit for bit
+    from another: a ``relu`` MLP's ``hook_post`` (``relu(hook_pre)``, exact on any device),
+    when no hook was attached there. It is computed on first access and then stored;
+    ``keys()``, ``len()``, ``in`` and iteration list it all the same.
 
     Args:
         cache_dict: hook name to tensor.
         model: the model that produced them (its weights are read by the
             decompositions).
+        derived: activations not in ``cache_dict`` but recomputed on first access:
+            ``name -> (source name, function)``, ``function(cache_dict[source])`` being
+            exactly what flowed through ``name`` on any device (``run_with_cache`` fills
+            this in; see above).
 
     Example:
         >>> import torch, vecinterp as vi
@@ -122,8 +157,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         torch.Size([4, 2, 5, 5])
         >>> cache["resid_post", -1] is cache["blocks.1.hook_resid_post"]
         True
-        >>> cache["result", 1].shape  # recomputed from hook_z: [batch, pos, n_heads, d_model]
+        >>> cache["result", 1].shape  # each head's z_h W_O[h]: [batch, pos, n_heads, d_model]
         torch.Size([4, 5, 2, 8])
+        >>> "blocks.0.mlp.hook_post" in cache, len(cache) == len(list(cache.keys()))
+        (True, True)
         >>> parts, labels = cache.decompose_resid(return_labels=True)
         >>> parts.shape, labels[:3]  # [component, batch, pos, d_model]
         (torch.Size([6, 4, 5, 8]), ['embed', 'pos_embed', '0_attn_out'])
@@ -131,85 +168,157 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         True
     """
 
-    def __init__(self, cache_dict: dict[str, torch.Tensor], model: "HookedVectorTransformer"):
+    def __init__(
+        self,
+        cache_dict: dict[str, torch.Tensor],
+        model: "HookedVectorTransformer",
+        *,
+        derived: Mapping[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] | None = None,
+    ):
         self.cache_dict = dict(cache_dict)
         self.model = model
         self.cfg = model.cfg
+        self._pending: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {}
+        for name, (source, fn) in (derived or {}).items():
+            if name in self.cache_dict:
+                raise ValueError(f"derived: {name!r} is also in cache_dict")
+            if source not in self.cache_dict:
+                raise ValueError(
+                    f"derived: {name!r} is computed from {source!r}, which is not in cache_dict"
+                )
+            if not callable(fn):
+                raise TypeError(f"derived: the function for {name!r} must be callable")
+            self._pending[name] = (source, fn)
 
     # -- Mapping ----------------------------------------------------------------------
+    def _layer(self, layer: object) -> int:
+        n = self.cfg.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise ValueError(
+                f"layer must be an int (0..{n - 1} or -{n}..-1), got {type(layer).__name__} "
+                f"{layer!r}"
+            )
+        if not -n <= layer < n:
+            raise ValueError(
+                f"layer {layer} out of range for a {n}-layer model; use 0..{n - 1} or -{n}..-1"
+            )
+        return layer % n
+
     def _key(self, key: Any) -> str:
         if isinstance(key, str):
-            return act_name(key) if key in _TOP else key
+            if key in _TOP:
+                return act_name(key)
+            if key in _PER_BLOCK:
+                raise KeyError(
+                    f"cache[{key!r}] needs a layer index: use cache[{key!r}, 0] (layers "
+                    f"0..{self.cfg.n_layers - 1}, or -1 for the last)"
+                )
+            return key
         if isinstance(key, tuple) and key and isinstance(key[0], str):
             name, layer, sub = (list(key) + [None, None])[:3]
             if layer is not None:
-                layer = self.model.layer_index(layer)
+                layer = self._layer(layer)
             return act_name(name, layer, sub)
         raise KeyError(f"cache keys are a hook name or (name, layer[, sub]), got {key!r}")
 
     def __getitem__(self, key: Any) -> torch.Tensor:
         full = self._key(key)
-        try:
+        if full in self.cache_dict:
             return self.cache_dict[full]
-        except KeyError:
-            derived = self._derive(full)
-            if derived is not None:
-                return derived
-            close = difflib.get_close_matches(full, list(self.cache_dict), n=5, cutoff=0.5)
-            hint = f"; close matches: {close}" if close else ""
-            raise KeyError(
-                f"{full!r} is not in this cache ({len(self.cache_dict)} entries){hint}. "
-                "Was it excluded by names_filter?"
-            ) from None
+        if full in self._pending:
+            return self._materialise(full)
+        close = difflib.get_close_matches(full, list(self), n=5, cutoff=0.5)
+        hint = f"; close matches: {close}" if close else ""
+        point = full.removesuffix("_grad")
+        if point not in self.model.hook_dict:
+            raise KeyError(f"{full!r}: this model has no such hook point{hint}")
+        why = (
+            "gradients are cached by run_with_cache(..., incl_bwd=True)"
+            if full.endswith("_grad")
+            else "was it excluded by run_with_cache's names_filter?"
+        )
+        raise KeyError(f"{full!r} is not in this cache ({len(self)} entries): {why}{hint}")
 
-    def _derive(self, full: str) -> torch.Tensor | None:
-        """An activation that was not cached but follows exactly from one that was
-        (see :data:`DERIVABLE`); stored once computed."""
-        for suffix, (source_suffix, _) in DERIVABLE.items():
-            if full.endswith(suffix):
-                source = full[: -len(suffix)] + source_suffix
-                if source not in self.cache_dict:
-                    return None
-                layer = int(full.split(".")[1])
-                derive = DERIVABLE[suffix][1]
-                value = derive(self.model, layer, self.cache_dict[source])
-                self.cache_dict[full] = value
-                return value
-        return None
+    def _materialise(self, full: str) -> torch.Tensor:
+        """Compute a derived activation and store it right after its source (hook order)."""
+        source, fn = self._pending[full]
+        with torch.no_grad():
+            value = fn(self.cache_dict[source])
+        names = list(self.cache_dict)
+        later = names[names.index(source) + 1 :]
+        moved = [(name, self.cache_dict.pop(name)) for name in later]
+        self.cache_dict[full] = value
+        self.cache_dict.update(moved)
+        del self._pending[full]
+        return value
 
     def __contains__(self, key: object) -> bool:
         try:
             full = self._key(key)
         except (KeyError, ValueError):
             return False
-        if full in self.cache_dict:
-            return True
-        return any(
-            full.endswith(suffix) and full[: -len(suffix)] + source in self.cache_dict
-            for suffix, (source, _) in DERIVABLE.items()
-        )
+        return full in self.cache_dict or full in self._pending
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.cache_dict)
+        after: dict[str, list[str]] = {}
+        for name, (source, _) in self._pending.items():
+            after.setdefault(source, []).append(name)
+        for name in list(self.cache_dict):
+            yield name
+            yield from after.get(name, ())
 
     def __len__(self) -> int:
-        return len(self.cache_dict)
+        return len(self.cache_dict) + len(self._pending)
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations: {list(self.cache_dict)[:4]}...)"
+        return f"ActivationCache({len(self)} activations: {list(self)[:4]}...)"
 
     def to(self, device: str | torch.device) -> "ActivationCache":
         """A copy with every tensor moved to ``device``."""
-        return ActivationCache({k: v.to(device) for k, v in self.cache_dict.items()}, self.model)
+        return ActivationCache(
+            {k: v.to(device) for k, v in self.cache_dict.items()},
+            self.model,
+            derived=self._pending,
+        )
 
     # -- residual stream ------------------------------------------------------------
-    def _n(self, layer: int | None) -> int:
+    def _n(self, layer: int | None, mlp_input: bool = False) -> int:
+        """``layer`` of the decompositions as an index in ``[0, n_layers]`` (``None`` and
+        ``-1``: ``n_layers``, the final stream); with ``mlp_input``, a block index."""
         n = self.cfg.n_layers
         if layer is None:
-            return n
-        if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer <= n:
-            raise ValueError(f"layer must be an int in [{-n}, {n}] or None, got {layer!r}")
-        return layer % (n + 1) if layer < 0 else layer
+            ell = n
+        elif isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer <= n:
+            raise ValueError(
+                f"layer must be an int in [{-n}, {n}] or None, got {layer!r}: 0..{n - 1} is "
+                f"the stream entering that block, {n} (or -1, or None) the final stream"
+            )
+        else:
+            ell = layer % (n + 1) if layer < 0 else layer
+        if mlp_input:
+            if self.cfg.attn_only:
+                raise ValueError("mlp_input=True but the model is attn_only: it has no MLP")
+            if ell == n:
+                raise ValueError(
+                    f"mlp_input=True reads the input of block layer's MLP, so layer must be a "
+                    f"block 0..{n - 1}, got {layer!r}"
+                )
+        return ell
+
+    def _empty_stack(self) -> torch.Tensor:
+        """``[0, batch, pos, d_model]``: no component (e.g. no heads before block 0)."""
+        for name in ("hook_embed", "blocks.0.hook_resid_pre"):
+            if name in self.cache_dict:
+                return self.cache_dict[name].new_zeros((0, *self.cache_dict[name].shape))
+        raise KeyError(
+            "an empty stack takes its [batch, pos, d_model] shape from 'hook_embed' or "
+            "'blocks.0.hook_resid_pre'; neither is in this cache (check names_filter)"
+        )
+
+    def _read(self, stack: torch.Tensor, apply_ln: bool, layer: int, mlp_input: bool) -> Any:
+        if not apply_ln:
+            return stack
+        return self.apply_ln_to_stack(stack, layer=layer, mlp_input=mlp_input)
 
     def accumulated_resid(
         self,
@@ -217,22 +326,41 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         incl_mid: bool = False,
         apply_ln: bool = False,
         return_labels: bool = False,
+        *,
+        mlp_input: bool = False,
     ) -> Any:
         """The residual stream at each layer boundary up to ``layer``.
 
         Returns ``[component, batch, pos, d_model]``: ``resid_pre`` of blocks
         ``0..layer-1`` (with ``resid_mid`` too if ``incl_mid``), then the stream entering
-        ``layer`` — ``resid_pre`` of that block, or the final ``resid_post`` when ``layer``
-        is ``None``/``n_layers``. Labels: ``"0_pre"``, ``"0_mid"``, ..., ``"final_post"``.
+        ``layer`` — ``resid_pre`` of that block (and its ``resid_mid`` with ``mlp_input``),
+        or the final ``resid_post`` when ``layer`` is ``None``/``-1``/``n_layers``. Labels:
+        ``"0_pre"``, ``"0_mid"``, ..., ``"final_post"``.
 
         Args:
             layer: the block whose input is the last entry (``None``: the final stream).
-            incl_mid: include each block's ``resid_mid``.
-            apply_ln: pass each entry through the linearised final norm
-                (:meth:`apply_ln_to_stack`), ready to read out with ``W_U``.
+            incl_mid: include the ``resid_mid`` of each block before ``layer``.
+            apply_ln: read every entry as ``layer`` reads its input: through block
+                ``layer``'s ``ln1`` (``ln2`` with ``mlp_input``), or ``ln_final`` for the
+                final stream, linearised at this run's scale (:meth:`apply_ln_to_stack`;
+                TransformerLens's convention). With ``layer=None`` the entries are ready
+                to read out with ``W_U`` (a "logit lens" for vectors).
             return_labels: also return the labels.
+            mlp_input: end with block ``layer``'s ``resid_mid`` (the MLP's input).
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+            >>> _, cache = model.run_with_cache(torch.randn(4, 5, 3))
+            >>> cache.accumulated_resid(incl_mid=True, return_labels=True)[1]
+            ['0_pre', '0_mid', '1_pre', '1_mid', 'final_post']
+            >>> read = cache.accumulated_resid(layer=1, apply_ln=True)  # as block 1's ln1 reads it
+            >>> ln1 = model.blocks[1].ln1
+            >>> bool(torch.allclose(read[-1] + ln1.b, ln1(cache["resid_pre", 1]), atol=1e-6))
+            True
         """
-        n = self._n(layer)
+        n = self._n(layer, mlp_input)
         parts, labels = [], []
         for ell in range(n + 1):
             if ell == self.cfg.n_layers:
@@ -241,12 +369,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 break
             parts.append(self["resid_pre", ell])
             labels.append(f"{ell}_pre")
-            if incl_mid and ell < n and not self.cfg.attn_only:
+            if (incl_mid and ell < n and not self.cfg.attn_only) or (mlp_input and ell == n):
                 parts.append(self["resid_mid", ell])
                 labels.append(f"{ell}_mid")
-        stack = torch.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer=None)
+        stack = self._read(torch.stack(parts), apply_ln, n, mlp_input)
         return (stack, labels) if return_labels else stack
 
     def decompose_resid(
@@ -255,16 +381,42 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         incl_embeds: bool = True,
         apply_ln: bool = False,
         return_labels: bool = False,
+        *,
+        mlp_input: bool = False,
     ) -> Any:
         """Split the stream entering ``layer`` into what each component wrote.
 
         Components: ``embed`` (``x W_E + b_E``), ``pos_embed``, then ``{l}_attn_out`` and
-        ``{l}_mlp_out`` of each earlier block. They sum exactly to ``resid_pre`` of
-        ``layer`` (to the final ``resid_post`` when ``layer`` is ``None``).
+        ``{l}_mlp_out`` of each earlier block (TransformerLens's labels). They sum exactly
+        to ``resid_pre`` of ``layer`` (to the final ``resid_post`` when ``layer`` is
+        ``None``/``-1``/``n_layers``; to ``resid_mid`` of ``layer`` with ``mlp_input``,
+        which adds ``{layer}_attn_out``). With ``layer=0`` and ``incl_embeds=False`` there
+        is no component: the stack is empty, ``[0, batch, pos, d_model]``.
+
+        Args:
+            layer: the block whose input is decomposed (``None``: the final stream).
+            incl_embeds: include ``embed`` and ``pos_embed``.
+            apply_ln: read every component as ``layer`` reads it: through block
+                ``layer``'s ``ln1`` (``ln2`` with ``mlp_input``), or ``ln_final`` for the
+                final stream, linearised at this run's scale (:meth:`apply_ln_to_stack`).
+                The components then sum to the norm's output minus its bias ``b``.
+            return_labels: also return the labels.
+            mlp_input: decompose block ``layer``'s ``resid_mid`` (the MLP's input).
 
         Returns ``[component, batch, pos, d_model]`` (and the labels if asked).
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+            >>> _, cache = model.run_with_cache(torch.randn(4, 5, 3))
+            >>> parts, labels = cache.decompose_resid(layer=1, mlp_input=True, return_labels=True)
+            >>> labels
+            ['embed', 'pos_embed', '0_attn_out', '0_mlp_out', '1_attn_out']
+            >>> bool(torch.allclose(parts.sum(0), cache["resid_mid", 1], atol=1e-6))
+            True
         """
-        n = self._n(layer)
+        n = self._n(layer, mlp_input)
         parts, labels = [], []
         if incl_embeds:
             parts.append(self["hook_embed"])
@@ -278,11 +430,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             if not self.cfg.attn_only:
                 parts.append(self["mlp_out", ell])
                 labels.append(f"{ell}_mlp_out")
-        if not parts:
-            raise ValueError("nothing to decompose: layer=0 and incl_embeds=False")
-        stack = torch.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer=None)
+        if mlp_input:
+            parts.append(self["attn_out", n])
+            labels.append(f"{n}_attn_out")
+        stack = torch.stack(parts) if parts else self._empty_stack()
+        stack = self._read(stack, apply_ln, n, mlp_input)
         return (stack, labels) if return_labels else stack
 
     def stack_head_results(
@@ -291,22 +443,38 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         apply_ln: bool = False,
         return_labels: bool = False,
     ) -> Any:
-        """Each head's output ``z_h W_O[h]`` for every block before ``layer``.
+        """Each head's output ``z_h W_O[h]`` (``hook_result``) for every block before ``layer``.
 
-        Uses ``hook_result`` if cached, else derives it from ``hook_z``. Returns
-        ``[component, batch, pos, d_model]`` with labels ``"L0H0"``, ``"L0H1"``, ...; per
-        layer, the heads plus ``b_O`` sum to ``attn_out``.
+        Returns ``[component, batch, pos, d_model]`` with labels ``"L0H0"``, ``"L0H1"``,
+        ...; per layer, the heads plus ``b_O`` sum to ``attn_out``. With ``layer=0`` there
+        is no head before the first block: the stack is empty, ``[0, batch, pos, d_model]``
+        with no labels, as in TransformerLens.
+
+        Args:
+            layer: heads of blocks ``0..layer-1`` (``None``/``-1``/``n_layers``: all).
+            apply_ln: read every head's output as ``layer`` reads it: through block
+                ``layer``'s ``ln1``, or ``ln_final`` when ``layer`` is the final stream,
+                linearised at this run's scale (:meth:`apply_ln_to_stack`).
+            return_labels: also return the labels.
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+            >>> _, cache = model.run_with_cache(torch.randn(4, 5, 3))
+            >>> heads, labels = cache.stack_head_results(return_labels=True)
+            >>> heads.shape, labels
+            (torch.Size([4, 4, 5, 8]), ['L0H0', 'L0H1', 'L1H0', 'L1H1'])
+            >>> cache.stack_head_results(layer=0).shape
+            torch.Size([0, 4, 5, 8])
         """
         n = self._n(layer)
         parts, labels = [], []
         for ell in range(n):
             parts.append(self["result", ell].movedim(-2, 0))
             labels += [f"L{ell}H{h}" for h in range(self.cfg.n_heads)]
-        if not parts:
-            raise ValueError("layer=0: there are no heads before the first block")
-        stack = torch.cat(parts)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer=None)
+        stack = torch.cat(parts) if parts else self._empty_stack()
+        stack = self._read(stack, apply_ln, n, False)
         return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(
@@ -322,21 +490,24 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         ``hook_scale`` of the norm. Because the norm is linear once its scale is fixed,
         ``apply_ln_to_stack(decompose_resid()).sum(0) + ln.b`` equals the norm's output.
 
+        This is the stack "as layer ``layer`` reads it"; ``accumulated_resid``,
+        ``decompose_resid`` and ``stack_head_results`` call it with their own ``layer``
+        when ``apply_ln=True`` (TransformerLens's convention). Unlike TransformerLens,
+        ``w`` is applied, so the result is right for models whose norms are not folded.
+
         Args:
             residual_stack: ``[..., batch, pos, d_model]`` components.
-            layer: ``None`` or ``n_layers`` for ``ln_final``; else block ``layer``'s
-                ``ln1`` (or ``ln2`` with ``mlp_input``).
-            mlp_input: use ``ln2`` of block ``layer``.
+            layer: ``None``, ``-1`` or ``n_layers`` for ``ln_final``; else block
+                ``layer``'s ``ln1`` (or ``ln2`` with ``mlp_input``).
+            mlp_input: use ``ln2`` of block ``layer`` (``layer`` must be a block).
         """
+        n = self._n(layer, mlp_input)
         if self.cfg.normalization is None:
             return residual_stack
-        n = self._n(layer)
         if n == self.cfg.n_layers:
             # normalization is not None, so every norm is a Norm
             ln, key = cast("Norm", self.model.ln_final), "ln_final.hook_scale"
         else:
-            if mlp_input and self.cfg.attn_only:
-                raise ValueError("mlp_input=True but the model is attn_only: it has no ln2")
             sub = "ln2" if mlp_input else "ln1"
             ln, key = getattr(self.model.blocks[n], sub), f"blocks.{n}.{sub}.hook_scale"
         if key not in self.cache_dict:

@@ -20,6 +20,7 @@ logit attribution" of Bhargav & Gu (2024, §4.3), with targets the next vector
 """
 
 import re
+import warnings
 from dataclasses import dataclass
 from typing import cast
 
@@ -35,7 +36,10 @@ from ._validate import check_model
 
 COMPONENTS = ("all", "layers", "heads")
 _HEAD = re.compile(r"L(\d+)H\d+")
-_ATTN_BIAS = re.compile(r"L(\d+)_b_O")
+_ATTN_BIAS = re.compile(r"(\d+)_b_O")
+# labels before TransformerLens's scheme was adopted: L{l}_attn, L{l}_mlp, L{l}_b_O
+_OLD_LABEL = re.compile(r"L(\d+)_(attn|mlp|b_O)")
+_OLD_SUFFIX = {"attn": "attn_out", "mlp": "mlp_out", "b_O": "b_O"}
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,16 @@ class DirectAttribution:
     Attributes:
         values: ``[component, batch, pos]``, ``values[i, b, p]`` the attribution of
             component ``labels[i]`` at ``(b, p)``.
-        labels: one name per component: ``"embed"`` (``x W_E + b_E``), ``"pos_embed"``,
-            ``"L{l}H{h}"`` (head ``h`` of block ``l``), ``"L{l}_b_O"`` (block ``l``'s
-            attention output bias), ``"L{l}_attn"`` (block ``l``'s whole attention output),
-            ``"L{l}_mlp"`` (block ``l``'s MLP output, ``b_out`` included) and
-            ``"ln_final_b"`` (the constant ``⟨b W_U, t⟩`` of an ``LN`` final norm).
+        labels: one name per component, in TransformerLens's scheme (as
+            :meth:`~vecinterp.ActivationCache.decompose_resid` and
+            :meth:`~vecinterp.ActivationCache.stack_head_results` label them):
+            ``"embed"`` (``x W_E + b_E``), ``"pos_embed"``, ``"L{l}H{h}"`` (head ``h`` of
+            block ``l``), ``"{l}_b_O"`` (block ``l``'s attention output bias),
+            ``"{l}_attn_out"`` (block ``l``'s whole attention output), ``"{l}_mlp_out"``
+            (block ``l``'s MLP output, ``b_out`` included) and ``"ln_final_b"`` (the
+            constant ``⟨b W_U, t⟩`` of an ``LN`` final norm). Indexing also accepts the
+            labels of vecinterp 0.x (``"L{l}_attn"``, ``"L{l}_mlp"``, ``"L{l}_b_O"``),
+            with a ``DeprecationWarning``.
         loss_mask: ``[batch, pos]`` positions that :meth:`mean` averages over by default
             (``None``: all).
 
@@ -80,6 +89,16 @@ class DirectAttribution:
 
     def __getitem__(self, label: str) -> Float[torch.Tensor, "batch pos"]:
         """The attribution ``[batch, pos]`` of the component named ``label``."""
+        old = _OLD_LABEL.fullmatch(label) if isinstance(label, str) else None
+        if old is not None and label not in self.labels:
+            new = f"{old.group(1)}_{_OLD_SUFFIX[old.group(2)]}"
+            warnings.warn(
+                f"component label {label!r} is now {new!r} (TransformerLens's labels, as in "
+                "decompose_resid)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            label = new
         if label not in self.labels:
             raise KeyError(f"no component {label!r}; components: {list(self.labels)}")
         return self.values[self.labels.index(label)]
@@ -108,15 +127,24 @@ class DirectAttribution:
         return (self.values * mask).sum(dim=(1, 2)) / count
 
     def by_layer(self) -> "DirectAttribution":
-        """Merge each block's heads and ``b_O`` into one ``"L{l}_attn"`` component.
+        """Merge each block's heads and ``b_O`` into one ``"{l}_attn_out"`` component.
 
         Other components are kept as they are, in order; the totals are unchanged. On a
-        ``components="heads"`` result, ``"L{l}_attn"`` is the sum of the heads alone.
+        ``components="heads"`` result, ``"{l}_attn_out"`` is the sum of the heads alone.
+
+        Example:
+            >>> import torch
+            >>> from vecinterp.analysis.attribution import DirectAttribution
+            >>> labels = ("L0H0", "L0H1", "0_b_O", "0_mlp_out")
+            >>> attr = DirectAttribution(torch.ones(4, 1, 2), labels)
+            >>> merged = attr.by_layer()
+            >>> merged.labels, merged["0_attn_out"].tolist()
+            (('0_attn_out', '0_mlp_out'), [[3.0, 3.0]])
         """
         groups: dict[str, list[int]] = {}
         for i, label in enumerate(self.labels):
             match = _HEAD.fullmatch(label) or _ATTN_BIAS.fullmatch(label)
-            groups.setdefault(f"L{match.group(1)}_attn" if match else label, []).append(i)
+            groups.setdefault(f"{match.group(1)}_attn_out" if match else label, []).append(i)
         values = torch.stack([self.values[idx].sum(0) for idx in groups.values()])
         return DirectAttribution(values, tuple(groups), self.loss_mask)
 
@@ -142,18 +170,21 @@ def direct_attribution(
     Args:
         model: the model that produced ``cache``.
         cache: the activations of one run, with ``hook_embed`` (and ``hook_pos_embed``),
-            ``ln_final.hook_scale``, and per block ``hook_z`` or ``hook_result`` plus
-            ``hook_mlp_out`` (``"all"``), or ``hook_attn_out`` plus ``hook_mlp_out``
-            (``"layers"``), or ``hook_z``/``hook_result`` only (``"heads"``).
+            ``ln_final.hook_scale``, and per block ``hook_result`` plus ``hook_mlp_out``
+            (``"all"``), or ``hook_attn_out`` plus ``hook_mlp_out`` (``"layers"``), or
+            ``hook_result`` only (``"heads"``); ``run_with_cache`` with the default
+            ``names_filter`` caches all of them.
         targets: target directions ``[batch, pos_t, d_out]``, e.g. the task's targets
             (the next vectors) or :func:`next_vector_targets`. ``pos_t`` may be smaller than
             the run's ``pos``: then the first ``pos_t`` positions are attributed (so
             next-vector targets without a vector after the last input fit directly).
         components: ``"all"``: ``embed``, ``pos_embed`` (learned/sinusoidal positions
-            only), every head ``L{l}H{h}``, every ``L{l}_b_O``, every ``L{l}_mlp`` and
+            only), every head ``L{l}H{h}``, every ``{l}_b_O``, every ``{l}_mlp_out`` and
             ``ln_final_b`` (LN only); ``"layers"``: the same with each block's heads and
-            ``b_O`` replaced by its whole attention output ``L{l}_attn``; ``"heads"``: the
-            heads alone (not a complete decomposition: the sum identity does not hold).
+            ``b_O`` replaced by its whole attention output ``{l}_attn_out``; ``"heads"``:
+            the heads alone (not a complete decomposition: the sum identity does not
+            hold). The labels are TransformerLens's, as in
+            :meth:`~vecinterp.ActivationCache.decompose_resid`.
         loss_mask: boolean ``[batch, pos]`` or ``[pos]`` (``pos`` that of the run or of the
             targets), stored in the result as the default positions of
             :meth:`DirectAttribution.mean`. Values at masked-out positions are kept.
@@ -298,13 +329,13 @@ def _components(
             labels += [f"L{ell}H{h}" for h in range(cfg.n_heads)]
             b_O = cast(TransformerBlock, model.blocks[ell]).attn.b_O.detach().to(embed.device)
             parts.append(b_O.expand_as(embed))
-            labels.append(f"L{ell}_b_O")
+            labels.append(f"{ell}_b_O")
         else:
             parts.append(cache["attn_out", ell])
-            labels.append(f"L{ell}_attn")
+            labels.append(f"{ell}_attn_out")
         if not cfg.attn_only:
             parts.append(cache["mlp_out", ell])
-            labels.append(f"L{ell}_mlp")
+            labels.append(f"{ell}_mlp_out")
     return torch.stack(parts), labels
 
 

@@ -195,10 +195,7 @@ class HookedVectorTransformer(HookedModule):
 
         Args:
             x: input vectors ``[batch, pos, d_in]``.
-            names_filter: ``None`` (every hook but ``attn.hook_result`` and
-                ``mlp.hook_post``, which the cache recomputes from ``hook_z`` and
-                ``hook_pre`` when asked for them; with ``incl_bwd`` every hook), a name,
-                a list of names, or a predicate.
+            names_filter: ``None`` (every hook), a name, a list of names, or a predicate.
             incl_bwd: also cache the gradient of ``loss_fn(output)`` with respect to each
                 selected activation, under ``name + "_grad"``. Uses ``torch.autograd.grad``,
                 so parameters' ``.grad`` are left untouched.
@@ -206,18 +203,47 @@ class HookedVectorTransformer(HookedModule):
             device: move cached tensors there (default: where they were computed).
             fwd_hooks: extra ``(name, fn)`` hooks active during this run; they run before
                 the caching hooks, so the cache sees their edits.
-            **forward_kwargs: passed to :meth:`forward`.
+            **forward_kwargs: passed to :meth:`forward` (``targets``, ``loss_mask``,
+                ``return_type``, ``start_at_layer``, ``stop_at_layer``).
 
         Returns:
-            ``(output, cache)``; activations in the cache are detached.
+            ``(output, cache)``; activations in the cache are detached. Each entry is
+            what flowed through that hook point in this run, after every hook there
+            (``fwd_hooks``, hooks already attached). With ``names_filter=None`` and no
+            ``incl_bwd``, a ``relu`` MLP's ``hook_post`` with no hook attached is not
+            stored but recomputed bit for bit from ``hook_pre`` when first read
+            (``relu`` has no weights and no rounding); the cache lists it all the same.
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+            >>> def zero_head_0(result, hook):
+            ...     result[:, :, 0] = 0.0
+            >>> y, cache = model.run_with_cache(
+            ...     torch.randn(4, 5, 3), fwd_hooks=[("blocks.0.attn.hook_result", zero_head_0)])
+            >>> bool((cache["result", 0][:, :, 0] == 0).all())
+            True
         """
         # the cache layer sits above the model layer
-        from ..cache import DERIVABLE, ActivationCache
+        import inspect
 
+        from ..cache import ActivationCache, _exact_derivations, _own_storage
+
+        known = [p for p in inspect.signature(self.forward).parameters if p != "x"]
+        for key in forward_kwargs:
+            if key not in known:
+                hint = (
+                    ": the cache always keeps the batch axis (index cache[name][0] for one item)"
+                    if key == "remove_batch_dim"
+                    else ""
+                )
+                raise TypeError(
+                    f"run_with_cache() got an unexpected keyword argument {key!r}{hint}; it "
+                    "takes names_filter, incl_bwd, loss_fn, device, fwd_hooks and the "
+                    f"arguments of forward(): {', '.join(known)}"
+                )
         names = self.hook_names(names_filter)
-        if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
-            # what the cache can recompute exactly is not stored (cache.DERIVABLE)
-            names = [n for n in names if not n.endswith(tuple(DERIVABLE))]
         if incl_bwd and loss_fn is None:
             raise ValueError(
                 "incl_bwd=True needs loss_fn, a function from the output to a scalar, "
@@ -228,34 +254,43 @@ class HookedVectorTransformer(HookedModule):
         def save(act: torch.Tensor, hook: HookPoint) -> None:
             store[hook.name] = act
 
-        caching = [(name, save) for name in names]
-        with self.hooks(fwd_hooks=list(fwd_hooks) + caching):
-            if incl_bwd:
-                with torch.enable_grad():
-                    out = self(x, **forward_kwargs)
-                    loss = loss_fn(out)  # type: ignore[misc]
-                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                        raise ValueError("loss_fn must return a scalar tensor")
-                    needing = [n for n in names if n in store and store[n].requires_grad]
-                    if not needing:
-                        raise ValueError(
-                            "incl_bwd=True but no cached activation requires grad: "
-                            "are the model's parameters frozen (requires_grad=False)?"
+        # the run's own hooks first: they decide what may be recomputed, and they run
+        # before the caching hooks, so the cache holds what flowed after them
+        with self.hooks(fwd_hooks=list(fwd_hooks)):
+            derived = {}
+            if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
+                derived = _exact_derivations(self, names)
+                names = [n for n in names if n not in derived]
+            with self.hooks(fwd_hooks=[(name, save) for name in names]):
+                if incl_bwd:
+                    with torch.enable_grad():
+                        out = self(x, **forward_kwargs)
+                        loss = loss_fn(out)  # type: ignore[misc]
+                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                            raise ValueError("loss_fn must return a scalar tensor")
+                        needing = [n for n in names if n in store and store[n].requires_grad]
+                        if not needing:
+                            raise ValueError(
+                                "incl_bwd=True but no cached activation requires grad: "
+                                "are the model's parameters frozen (requires_grad=False)?"
+                            )
+                        grads = torch.autograd.grad(
+                            loss, [store[n] for n in needing], allow_unused=True
                         )
-                    grads = torch.autograd.grad(
-                        loss, [store[n] for n in needing], allow_unused=True
-                    )
-                for n, g in zip(needing, grads, strict=True):
-                    store[n + "_grad"] = torch.zeros_like(store[n]) if g is None else g
-            else:
-                out = self(x, **forward_kwargs)
+                    for n, g in zip(needing, grads, strict=True):
+                        store[n + "_grad"] = torch.zeros_like(store[n]) if g is None else g
+                else:
+                    out = self(x, **forward_kwargs)
         acts = {
             name: (t.detach() if device is None else t.detach().to(device))
             for name, t in store.items()
         }
+        _own_storage(acts, self)  # e.g. hook_pos_embed, a view of W_pos
         if isinstance(out, torch.Tensor) and incl_bwd:
             out = out.detach()
-        return out, ActivationCache(acts, self)
+        # start_at_layer / stop_at_layer skip blocks: derive only what ran
+        derived = {k: v for k, v in derived.items() if v[0] in acts}
+        return out, ActivationCache(acts, self, derived=derived)
 
     # -- conveniences -----------------------------------------------------------------
     @property
