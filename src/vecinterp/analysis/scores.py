@@ -91,9 +91,14 @@ def eigenvalue_scores(
     are not centred, the head's map on the residual stream also includes the norm's
     ``diag(w)`` and the centring, which :func:`~vecinterp.fold_layer_norm` moves into
     ``W_Q``/``W_K``/``W_V``/``W_U``. The scores then differ from those of the folded
-    model, the numbers TransformerLens gives for a model loaded with ``fold_ln=True`` (by
-    up to 0.14 on random models). No warning is raised; ``fold_ln=True`` scores the
-    folded model, the same as ``eigenvalue_scores(vi.fold_layer_norm(model), kind)``.
+    model, the numbers TransformerLens gives for a model loaded with ``fold_ln=True``: on
+    small random models the OV scores moved by up to 0.5 (norm weights 1, biases 0: the
+    centring alone) and 0.7 (random norm weights). No warning is raised (scoring an
+    unfolded model is legitimate, and a warning on every such call would be noise);
+    ``fold_ln=True`` scores the folded model, the same as
+    ``eigenvalue_scores(vi.fold_layer_norm(model), kind)``. Neither is wrong: the raw
+    circuit acts on the norm's output ``ln(x)`` (after its ``w`` and ``b``), the folded
+    one on the parameter-free normalized stream; say which one you report.
 
     A matrix whose eigenvalues are all zero (the zero matrix, or any nilpotent one) has
     ``Σ|λ| = 0``; its score is defined as 0, not NaN. (For a nilpotent matrix the
