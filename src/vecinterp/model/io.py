@@ -346,22 +346,7 @@ def save(
         directory = directory.resolve()
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory} exists and is not a directory")
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    refuse_non_finite(tensors, "save refuses a model with non-finite weights")
-    dtypes = {str(t.dtype) for t in tensors.values()}
-    record = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "config": model.cfg.to_dict(),
-        "dtype": dtypes.pop() if len(dtypes) == 1 else None,
-        "metadata": metadata or {},
-    }
-    text = json.dumps(record, indent=2, sort_keys=True)  # bad metadata fails before any write
-    header = {
-        "format": FORMAT,
-        "config": json.dumps(model.cfg.to_dict(), sort_keys=True),
-        CHECKSUM_KEY: tensor_checksum(tensors),
-    }
+    tensors, header, text = _serialise(model, metadata)  # bad metadata fails before a write
     parent = directory.parent
     parent.mkdir(parents=True, exist_ok=True)
     with directory_lock(parent) as locked:
@@ -371,8 +356,7 @@ def save(
         stage = Path(tempfile.mkdtemp(dir=parent, prefix=f".{directory.name}{_NEW}"))
         try:
             os.chmod(stage, stat.S_IMODE(directory.stat().st_mode))  # mkdtemp makes 0700
-            save_file(tensors, str(stage / WEIGHTS_FILE), metadata=header)
-            (stage / CONFIG_FILE).write_text(text)
+            _write_files(stage, tensors, header, text)
             for entry in carried:
                 _carry(Path(entry.path), stage / entry.name, entry.is_symlink())
             for name in (WEIGHTS_FILE, CONFIG_FILE):
@@ -385,6 +369,49 @@ def save(
         shutil.rmtree(previous, ignore_errors=True)
         fsync_dir(parent)
     return Path(path)
+
+
+def _serialise(
+    model: HookedVectorTransformer, metadata: dict[str, Any] | None
+) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+    """The tensors, safetensors header and config text of a save (nothing written yet)."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    refuse_non_finite(tensors, "save refuses a model with non-finite weights")
+    dtypes = {str(t.dtype) for t in tensors.values()}
+    record = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": model.cfg.to_dict(),
+        "dtype": dtypes.pop() if len(dtypes) == 1 else None,
+        "metadata": metadata or {},
+    }
+    text = json.dumps(record, indent=2, sort_keys=True)
+    header = {
+        "format": FORMAT,
+        "config": json.dumps(model.cfg.to_dict(), sort_keys=True),
+        CHECKSUM_KEY: tensor_checksum(tensors),
+    }
+    return tensors, header, text
+
+
+def _write_files(
+    directory: Path, tensors: dict[str, torch.Tensor], header: dict[str, str], text: str
+) -> None:
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata=header)
+    (directory / CONFIG_FILE).write_text(text)
+
+
+def save_new(
+    model: HookedVectorTransformer, path: Path, metadata: dict[str, Any] | None = None
+) -> None:
+    """Write a save into the new directory ``path`` (which must not exist) without the
+    swap, lock and flushes of :func:`save`: for a directory that is itself staged, flushed
+    and renamed into place as a whole (a training checkpoint)."""
+    if not isinstance(model, HookedVectorTransformer):
+        raise TypeError(f"save expects a HookedVectorTransformer, got {type(model).__name__}")
+    tensors, header, text = _serialise(model, metadata)
+    path.mkdir()
+    _write_files(path, tensors, header, text)
 
 
 def _carried_entries(directory: Path) -> list[os.DirEntry[str]]:

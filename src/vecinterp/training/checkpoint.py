@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from ..model.io import CHECKSUM_KEY, read_tensors, tensor_checksum
 from ..model.io import _swap_in as swap_in
 from ..model.io import load as load_model
-from ..model.io import save as save_model
+from ..model.io import save_new as save_model
 from ..model.transformer import HookedVectorTransformer
 from .result import _PER_EVAL, _PER_STEP
 
