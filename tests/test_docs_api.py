@@ -19,7 +19,7 @@ import torch
 import vecinterp as vi
 import vecinterp.analysis
 import vecinterp.testing
-from vecinterp.tasks import affine_recurrence, induction, retrieval
+from vecinterp.tasks import affine_claims, affine_recurrence, induction, retrieval
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -30,7 +30,7 @@ EXAMPLE_EXEMPT: dict[str, str] = {}
 
 # The task modules: their functions and classes need an entry and an example; their
 # module-level constants (UPPER_CASE) need an ``.. autodata::`` entry.
-TASK_MODULES = [affine_recurrence, induction, retrieval]
+TASK_MODULES = [affine_recurrence, affine_claims, induction, retrieval]
 
 
 def _constants(module: types.ModuleType) -> list[str]:
@@ -44,7 +44,7 @@ def _defined_in(module: types.ModuleType) -> list[str]:
         for name, obj in vars(module).items()
         if not name.startswith("_")
         and (inspect.isfunction(obj) or inspect.isclass(obj))
-        and obj.__module__ == module.__name__
+        and obj.__module__.startswith(module.__name__)  # a package: its submodules too
     )
 
 

@@ -1,0 +1,75 @@
+"""The claims of Bhargav & Gu (2024, §4) measured on a trained affine-recurrence model,
+under every reading the paper's words allow.
+
+The paper (``papers/affine_recurrence_bhargav_gu_2024.md``) makes thirteen claims about
+its trained model. Several leave the method open: which vectors, which space (``d_model``,
+or the input/output space through ``W_E``/``W_U``), one head or a sum, one head ablated or
+all at once, which heads, positions, sequences and thresholds. :func:`measure_claims`
+computes each claim under every such reading and :func:`judge_claims` turns the numbers
+into one :class:`Claim` per claim: the paper's figure, ours under the **primary** reading,
+the alternative readings, and a verdict ("holds", "partly", "does not hold") computed from
+the primary reading by the explicit thresholds in :data:`THRESHOLDS`.
+
+How the primary reading is chosen: the one the paper's words name (e.g. "for each
+dimension ``0 <= d < d_model``" for claim 6, "removing a particular head" for claim 9,
+"heads 0, 1, 2, 3, and 4" for claim 11); where the words name nothing, the one that
+matches the form of the reported figure. Each :class:`Claim` states its reason
+(``basis``) and what the evidence says under the other readings (``note``), in
+particular where no reading reproduces the paper's figure.
+
+Layout: :func:`measure_claims` (model → :class:`ClaimsResult`), :func:`judge_claims`
+(numbers → claims; pure, so verdicts can be recomputed from a saved ``values`` dict),
+:func:`claims_table` and :func:`robustness_table` (one model, or one column per model),
+:func:`claims_report` (the Markdown report) and :func:`claim_figures` (matplotlib, the
+``plot`` extra). :func:`checkerboard_contrast` is the parity measure of claim 4.
+
+Data (choices where the paper is silent): analyses that read one forward pass (attention,
+attribution, geometry, logit lens) use ``analysis_batch`` sequences of the longest training
+length, 14; eval MSEs use ``fixed_eval_set(24, 64, seed=10_000)`` (every length 3..14
+twice, the set ``examples/train_affine.py`` reports), the mean of per-batch MSEs; single-head
+ablations and the alternative QK patches use the first ``sweep_batch_size`` sequences of
+each of the first ``sweep_batches`` batches of that set (every length once), each against
+its own unablated MSE. The model's LayerNorms and value biases are folded first
+(:func:`~vecinterp.process_weights`), as the paper did (§4.1); outputs are unchanged.
+"""
+
+from .figures import claim_figures
+from .judge import judge_claims
+from .measure import checkerboard_contrast, measure_claims
+from .report import claims_report, claims_table, robustness_table
+from .results import (
+    CLAIMS,
+    FIGURES,
+    HOLDS,
+    NO,
+    PAPER_ALPHA,
+    PAPER_QK_HEADS,
+    PARTLY,
+    THRESHOLDS,
+    VERDICTS,
+    Claim,
+    ClaimsResult,
+    Reading,
+)
+
+__all__ = [
+    "CLAIMS",
+    "FIGURES",
+    "HOLDS",
+    "NO",
+    "PAPER_ALPHA",
+    "PAPER_QK_HEADS",
+    "PARTLY",
+    "THRESHOLDS",
+    "VERDICTS",
+    "Claim",
+    "ClaimsResult",
+    "Reading",
+    "checkerboard_contrast",
+    "claim_figures",
+    "claims_report",
+    "claims_table",
+    "judge_claims",
+    "measure_claims",
+    "robustness_table",
+]

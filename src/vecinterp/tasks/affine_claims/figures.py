@@ -1,0 +1,211 @@
+"""The figures of the paper's §4 on our model, each with the paper's value or pattern as a
+reference (:func:`claim_figures`; matplotlib, the ``plot`` extra)."""
+
+from typing import Any
+
+import torch
+
+from ...analysis import fit_line
+from .results import PAPER_ALPHA, ClaimsResult
+
+
+def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The figures of the paper's §4 on our model, each showing what the paper claims.
+
+    ``attention_alternating`` / ``attention_non_alternating`` (claims 2-4, the claim per
+    layer in the row labels), ``attribution`` (claim 5, the paper's sign per layer),
+    ``mlp_attribution`` (claim 12), ``ov_linearity`` (claims 6-7: our fits and the paper's
+    slope 2.3 as a dashed line, in ``d_model`` and from input to output),
+    ``eigenvalue_scores`` (claim 10: the scale says what −1 and +1 mean),
+    ``ablation_and_patch`` (claims 9 and 11: the paper's MSE as a line),
+    ``residual_vs_target`` (claim 13, with the paper's ``a_n + 2.3 a_{n-1}``) and, given a
+    training ``history`` (``steps``, ``train_loss``, ``eval_steps``, ``eval_loss``),
+    ``loss`` (claim 1: the paper's 1e-4 as a line). Needs matplotlib (the ``plot`` extra).
+
+    Args:
+        result: a :class:`ClaimsResult` of :func:`measure_claims` (with its ``data``).
+        history: the training history, or ``None`` (no loss figure).
+
+    Returns:
+        ``{name: Figure}``; save each with ``fig.savefig(f"{name}.png")`` and close it.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt, vecinterp as vi
+        >>> from vecinterp.tasks import affine_claims as ac
+        >>> cfg = vi.VectorTransformerConfig(d_in=4, d_model=16, d_head=4, n_heads=5,
+        ...                                  n_layers=3, d_mlp=32, n_ctx=16)
+        >>> result = ac.measure_claims(vi.HookedVectorTransformer(cfg, seed=0),
+        ...     analysis_batch=8, population=8, eval_batches=3, eval_batch_size=2,
+        ...     sweep_batches=1, n_random=4)
+        >>> figures = ac.claim_figures(result)
+        >>> sorted(figures)[:3]
+        ['ablation_and_patch', 'attention_alternating', 'attention_non_alternating']
+        >>> plt.close("all")
+    """
+    import matplotlib.pyplot as plt
+
+    from ... import plot
+
+    if not isinstance(result, ClaimsResult) or "patterns" not in result.data:
+        raise ValueError("result must be a ClaimsResult from measure_claims (with its data)")
+    d, v = result.data, result.values
+    figs: dict[str, Any] = {}
+    patterns, batch = d["patterns"], d["batch"]
+    n_layers, n_heads = patterns.shape[0], patterns.shape[2]
+    rows = [f"layer {ell}" for ell in range(n_layers)]
+    rows[:3] = [
+        "layer 0\npaper: previous\nposition",
+        "layer 1\npaper: position 1",
+        "layer 2\npaper: checker-\nboard if c<0",
+    ]
+    kinds = (("alternating", batch.alternating), ("non_alternating", ~batch.alternating))
+    for name, which in kinds:
+        idx = int(which.nonzero()[0]) if bool(which.any()) else 0
+        figs[f"attention_{name}"] = plot.plot_attention_grid(
+            patterns[:, idx],
+            row_labels=rows,
+            col_labels=[f"head {h}" for h in range(n_heads)],
+            title=f"attention, {name.replace('_', '-')} sequence (c = {float(batch.c[idx]):+.2f})",
+        )
+
+    labels, values = d["attribution"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(labels)), 3.6), layout="constrained")
+    plot.plot_attribution(
+        torch.tensor(values),
+        labels,
+        ax=ax,
+        ylabel="⟨LN(c) W_U, a_{m+1}⟩",
+        title="direct attribution per head and MLP (claim 5)",
+    )
+    for ell, sign in enumerate(("paper: +", "paper: ~0", "paper: -")[:n_layers]):
+        ax.text(
+            ell * n_heads + (n_heads - 1) / 2,
+            1.0,
+            sign,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            color="0.3",
+        )
+    figs["attribution"] = fig
+
+    by_pos = v["mlp_by_pos"]
+    fig, ax = plt.subplots(figsize=(6, 3.4), layout="constrained")
+    plot.plot_attribution(
+        torch.tensor(by_pos),
+        [str(p) for p in range(len(by_pos))],
+        ax=ax,
+        ylabel="attribution",
+        title="MLPs (summed) per position (claim 12)",
+    )
+    ax.axvspan(
+        len(by_pos) - 3.5,
+        len(by_pos) - 0.5,
+        color="tab:green",
+        alpha=0.12,
+        label="paper: > 0 at the last positions",
+    )
+    ax.legend(loc="upper left", frameon=False)
+    figs["mlp_attribution"] = fig
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
+    panels = (
+        (d["ov_example"], "d_model: a residual vector", "paper: R² 0.83, slope 2.1-2.5"),
+        (d["ov_random_example"], "d_model: a random vector", "paper: R² 0.60"),
+        (d["full_ov_example"], "input→output: W_E ΣOV W_U", "paper's slope 2.3"),
+    )
+    for ax, ((x, y), title, ref) in zip(axes, panels, strict=True):
+        fit = fit_line(x, y)
+        plot.plot_fit(
+            x,
+            y,
+            slope=float(fit.slope),
+            intercept=float(fit.intercept),
+            r2=float(fit.r2),
+            ax=ax,
+            title=f"layer-0 OV, {title}",
+            xlabel="x_d",
+            ylabel="(x OV)_d",
+        )
+        lim = float(x.abs().max())
+        ax.plot(
+            [-lim, lim], [-PAPER_ALPHA * lim, PAPER_ALPHA * lim], "--", color="tab:red", label=ref
+        )
+        ax.set_ylim(*_padded(y, 0.1))
+        ax.legend(fontsize=8, loc="upper left")
+    figs["ov_linearity"] = fig
+
+    ov, qk = d["eigen"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+    for ax, scores, title in (
+        (axes[0], ov, "OV eigenvalue scores (paper: layer 2 < 0)"),
+        (axes[1], qk, "QK eigenvalue scores (paper: layer 2 ~ +I)"),
+    ):
+        plot.plot_score_grid(scores, ax=ax, title=title, center=0.0, limit=1.0)
+        bar = ax.images[0].colorbar
+        if bar is not None:
+            bar.set_ticks([-1, 0, 1], labels=["-1: -I (negative copy)", "0", "+1: +I (copy)"])
+    figs["eigenvalue_scores"] = fig
+
+    heads_mse, base = d["ablation"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+    names = [f"L1H{h}" for h in range(n_heads)] + ["all L1"]
+    ax1.bar(names, [*heads_mse, v["ablate_joint"] * base / v["mse"]], color="tab:blue")
+    ax1.set_yscale("log")
+    ax1.axhline(base, color="black", lw=1, label=f"unablated {base:.1e}")
+    ax1.axhline(2 * base, color="tab:red", ls="--", lw=1, label="paper: 2x (1e-4 -> 2e-4)")
+    ax1.set_title("claim 9: mean-ablating layer-1 heads")
+    ax1.set_ylabel("eval MSE")
+    ax1.legend(fontsize=8)
+    alt = v["qk_alt"]
+    keys = ["seed+1", "top", "all", "matched", "uniform"]
+    ax2.bar(
+        ["heads 0-4", *keys],
+        [v["qk_patch"] / v["mse"]] + [alt[k] / v["sweep_base"] for k in keys],
+        color="tab:blue",
+    )
+    ax2.axhline(1.0, color="tab:red", ls="--", lw=1, label="paper: unchanged (x1)")
+    ax2.set_title("claim 11: pseudoinverse QK patch of layer 2")
+    ax2.set_ylabel("MSE / unpatched MSE")
+    ax2.legend(fontsize=8)
+    figs["ablation_and_patch"] = fig
+
+    lens = d["lens"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
+    last = batch.length - 1
+    for ax, (name, which) in zip(axes, kinds, strict=True):
+        idx = int(which.nonzero()[0]) if bool(which.any()) else 0
+        plot.plot_residual_vs_target(
+            lens[idx, last],
+            batch.targets[idx, last],
+            ax=ax,
+            title=f"{name.replace('_', '-')} (c = {float(batch.c[idx]):+.2f}), last position",
+            labels=("after layer 0 through W_U", "target a_{n+1}"),
+        )
+        paper = batch.inputs[idx, last] + PAPER_ALPHA * batch.inputs[idx, last - 1]
+        ax.plot(paper.tolist(), color="tab:green", lw=1, label="paper: a_n + 2.3 a_{n-1}")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+    figs["residual_vs_target"] = fig
+
+    if history is not None and history.get("steps"):
+        fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+        plot.plot_loss(
+            history["steps"],
+            history["train_loss"],
+            eval_steps=history["eval_steps"],
+            eval_losses=history["eval_loss"],
+            ax=ax,
+            title="training loss (claim 1)",
+        )
+        ax.axhline(1e-4, color="tab:red", ls="--", lw=1, label="paper: 1e-4")
+        ax.legend(fontsize=8)
+        figs["loss"] = fig
+    return figs
+
+
+def _padded(y: torch.Tensor, frac: float) -> tuple[float, float]:
+    lo, hi = float(y.min()), float(y.max())
+    pad = frac * (hi - lo or 1.0)
+    return lo - pad, hi + pad

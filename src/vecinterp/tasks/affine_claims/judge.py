@@ -1,0 +1,640 @@
+"""Judging the claims: the primary reading of each, its reason, the alternatives and the
+verdict by :data:`~vecinterp.tasks.affine_claims.THRESHOLDS` (:func:`judge_claims`)."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from .results import CLAIMS, HOLDS, NO, PARTLY, THRESHOLDS, Claim, Reading
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _alpha(alpha: float) -> str:
+    """``α = q/p`` to the digits it has: when ``p`` is small, ``q/p`` is ill-conditioned."""
+    return f"{alpha:.1f}" if abs(alpha) < 10 else "> 10"
+
+
+def _level(ok: bool, partly: bool) -> str:
+    return HOLDS if ok else PARTLY if partly else NO
+
+
+def _scores(xs: Sequence[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs)
+
+
+def _count(xs: Sequence[float], threshold: float) -> int:
+    return sum(x > threshold for x in xs)
+
+
+def judge_claims(values: dict[str, Any]) -> tuple[Claim, ...]:
+    """Build the thirteen :class:`Claim` objects from measured numbers.
+
+    Pure: the verdicts follow from ``values`` (as :func:`measure_claims` stores them in
+    :attr:`ClaimsResult.values`, JSON round-trips included) and :data:`THRESHOLDS` only,
+    so a saved ``values`` dict can be re-judged.
+
+    Args:
+        values: the dict of :attr:`ClaimsResult.values`.
+
+    Returns:
+        The claims 1..13, in order.
+
+    Example:
+        >>> import vecinterp as vi
+        >>> from vecinterp.tasks import affine_claims as ac
+        >>> cfg = vi.VectorTransformerConfig(d_in=4, d_model=16, d_head=4, n_heads=5,
+        ...                                  n_layers=3, d_mlp=32, n_ctx=16)
+        >>> result = ac.measure_claims(vi.HookedVectorTransformer(cfg, seed=0),
+        ...     analysis_batch=8, population=8, eval_batches=3, eval_batch_size=2,
+        ...     sweep_batches=1, n_random=4)
+        >>> values = dict(result.values, mse=1.5e-4)       # as if the model were better
+        >>> ac.judge_claims(values)[0].verdict
+        'holds'
+    """
+    if not isinstance(values, dict):
+        raise TypeError(
+            f"values must be the dict of ClaimsResult.values, got {type(values).__name__}"
+        )
+    try:
+        return tuple(judge(values) for judge in _JUDGES)
+    except KeyError as exc:
+        raise ValueError(f"values lacks {exc.args[0]!r}: pass ClaimsResult.values") from exc
+
+
+def _claim(
+    number: int,
+    primary: Reading,
+    alternatives: list[Reading],
+    verdict: str,
+    headline: str,
+    basis: str,
+    note: str,
+) -> Claim:
+    claim, paper = CLAIMS[number]
+    return Claim(number, claim, paper, primary, tuple(alternatives), verdict, headline, basis, note)
+
+
+def _judge_1(v: dict[str, Any]) -> Claim:
+    t, mse = THRESHOLDS, v["mse"]
+    return _claim(
+        1,
+        Reading("eval_set", "eval set, every length 3-14", f"{mse:.2e}", mse),
+        [
+            Reading(
+                "pooled",
+                "pooled over scored positions (long sequences weigh more)",
+                f"{v['mse_pooled']:.2e}",
+                v["mse_pooled"],
+            ),
+            Reading(
+                "by_length",
+                "per length, shortest and longest",
+                f"{v['mse_by_length'][0]:.1e} (length 3) .. {v['mse_by_length'][-1]:.1e} "
+                f"(length {2 + len(v['mse_by_length'])})",
+                max(v["mse_by_length"]),
+            ),
+        ],
+        _level(mse <= t["eval_mse_holds"], mse <= t["eval_mse_partly"]),
+        f"{mse:.1e}",
+        "the paper reports one MSE of the trained model: its training distribution, every "
+        "length 3-14, read here as the mean over a fixed set covering each length twice",
+        "",
+    )
+
+
+def _judge_2(v: dict[str, Any]) -> Claim:
+    t, n = THRESHOLDS, v["n_heads"]
+    thr = t["head_score"]
+    k = _count(v["prev"], thr)
+    return _claim(
+        2,
+        Reading(
+            "share",
+            f"share of attention on the previous position > {thr}",
+            f"{k}/{n} heads ({_scores(v['prev'])})",
+            k / n,
+        ),
+        [
+            Reading(
+                "argmax",
+                "rows whose largest weight is the previous position, > half",
+                f"{_count(v['prev_argmax'], 0.5)}/{n}",
+                _count(v["prev_argmax"], 0.5) / n,
+            ),
+            Reading(
+                "all_lengths",
+                "share, every length 3-14",
+                f"{_count(v['prev_lengths'], thr)}/{n}",
+                _count(v["prev_lengths"], thr) / n,
+            ),
+        ],
+        _level(k >= n - 1, k >= n / 2),
+        f"{k}/{n} heads",
+        "'all attention appears to be directed toward the previous vector': most of a "
+        "head's attention, i.e. more than half of it, on length-14 sequences",
+        "",
+    )
+
+
+def _judge_3(v: dict[str, Any]) -> Claim:
+    t, n = THRESHOLDS, v["n_heads"]
+    thr, part = t["head_score"], t["head_score_partly"]
+    k, kp = _count(v["pos1"], thr), _count(v["pos1"], part)
+    alts = [
+        ("argmax", "rows whose largest weight is position 1", v["pos1_argmax"]),
+        ("all_lengths", "every length 3-14", v["pos1_lengths"]),
+        ("alternating", "c < 0 only", v["pos1_alt"]),
+        ("non_alternating", "c > 0 only", v["pos1_non"]),
+    ]
+    readings = [
+        Reading(
+            name,
+            f"{label}, > {thr}",
+            f"{_count(xs, thr)}/{n} (best {max(xs):.2f})",
+            _count(xs, thr) / n,
+        )
+        for name, label, xs in alts
+    ]
+    readings.append(
+        Reading(
+            "above_chance",
+            f"share > {part} (uniform: {v['pos1_uniform']:.2f})",
+            f"{kp}/{n}",
+            kp / n,
+        )
+    )
+    best = max(max(xs) for _, _, xs in alts)
+    on0 = [h for h, s in enumerate(v["pos0"]) if s > part]
+    note = (
+        f"No reading gives most heads: at best {max(_count(xs, thr) for _, _, xs in alts)}/{n} "
+        f"heads put most of their attention on position 1 (best share {best:.2f})."
+        if max(_count(xs, thr) for _, _, xs in alts) <= n / 2
+        else ""
+    )
+    if on0:
+        note += f" Heads {', '.join(map(str, on0))} attend to position 0 more than {part}."
+    return _claim(
+        3,
+        Reading(
+            "share",
+            f"share of attention on position 1 > {thr}",
+            f"{k}/{n} heads ({_scores(v['pos1'])})",
+            k / n,
+        ),
+        readings,
+        _level(k > n / 2, kp > n / 2),
+        f"{k}/{n} heads",
+        "'the majority of attention heads focus specifically on the second vector': more "
+        "than half of the heads, each with most (> 0.5) of its attention on a_1 (position 1)",
+        note.strip(),
+    )
+
+
+def _judge_4(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+
+    def pair(key: str) -> tuple[float, float]:
+        return _mean(v[f"checker_alt{key}"]), _mean(v[f"checker_non{key}"])
+
+    alt, non = pair("")
+    gap = alt - non
+    readings = []
+    for name, label, key in (
+        ("diagonal", "diagonal counted as same parity", "_diag"),
+        ("strong", "c < -1 vs c > 1", "_strong"),
+        ("all_lengths", "every length 4-14", "_lengths"),
+    ):
+        a, b = pair(key)
+        readings.append(Reading(name, label, f"{a:+.2f} vs {b:+.2f}", a - b))
+    gaps = [a - b for a, b in zip(v["checker_alt"], v["checker_non"], strict=True)]
+    best = max(range(len(gaps)), key=lambda h: gaps[h])
+    readings.append(
+        Reading(
+            "best_head",
+            "the head with the largest gap",
+            f"head {best}: {v['checker_alt'][best]:+.2f} vs {v['checker_non'][best]:+.2f}",
+            gaps[best],
+        )
+    )
+    ok = alt >= t["checker_alt"] and gap >= t["checker_gap"]
+    verdict = _level(ok, gap >= t["checker_gap_partly"])
+    note = ""
+    if verdict == NO and max(r.value for r in readings) < t["checker_gap"]:
+        note = (
+            "No reading shows a checkerboard that appears for c < 0 only: the parity "
+            f"contrast differs by at most {max(r.value for r in readings):+.2f} between "
+            "the two kinds of sequence."
+        )
+    return _claim(
+        4,
+        Reading(
+            "earlier",
+            "parity contrast, earlier positions, mean over heads, c<0 vs c>0",
+            f"{alt:+.2f} vs {non:+.2f}",
+            gap,
+        ),
+        readings,
+        verdict,
+        f"{alt:+.2f} vs {non:+.2f}",
+        "'checkerboard-like structure' for alternating sequences only: attention on every "
+        "other earlier position; the diagonal alone is no checkerboard, so it is left out",
+        note,
+    )
+
+
+def _judge_5(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    l0, l1, l2 = v["attr_layers"][:3]
+    small = abs(l1) <= t["near_zero"] * max(abs(l0), abs(l2))
+    n_ok = (l0 > 0) + small + (l2 < 0)
+    s0, s1, s2 = v["attr_layers_step"][:3]
+    heads = v["attr_heads"]
+    n = v["n_heads"]
+    return _claim(
+        5,
+        Reading(
+            "next", "target a_{m+1}, heads summed per layer", f"{l0:+.3f}, {l1:+.3f}, {l2:+.3f}", l2
+        ),
+        [
+            Reading("step", "target a_{m+1} - a_m", f"{s0:+.3f}, {s1:+.3f}, {s2:+.3f}", s2),
+            Reading(
+                "per_head",
+                "heads with the layer's sign (L0 +, L2 -)",
+                f"{sum(x > 0 for x in heads[0])}/{n}, {sum(x < 0 for x in heads[2])}/{n}",
+                sum(x < 0 for x in heads[2]) / n,
+            ),
+        ],
+        _level(n_ok == 3, n_ok == 2),
+        f"{l0:+.2f}, {l1:+.2f}, {l2:+.2f}",
+        "§4.3 defines it: ⟨ln_final(v) W_U, a_{m+1}⟩ per head; the layers' signs are read "
+        "from the heads together (Figure 7)",
+        "",
+    )
+
+
+def _judge_6(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    lo, hi = t["slope_range"]
+    r2, slope = v["ov_r2"], v["ov_slope"]
+    ok = r2 >= t["r2_holds"] and lo <= slope <= hi and abs(v["ov_intercept"]) <= t["intercept_max"]
+    best = max(range(v["n_heads"]), key=lambda h: v["ov_head_r2"][h])
+    readings = [
+        Reading(
+            "unfolded",
+            "d_model, raw resid_pre, unfolded model",
+            f"R² {v['ov_unfolded_r2']:.2f}, slope {v['ov_unfolded_slope']:.2f}",
+            v["ov_unfolded_r2"],
+        ),
+        Reading(
+            "embed",
+            "d_model, embedding only (a W_E)",
+            f"R² {v['ov_embed_r2']:.2f}, slope {v['ov_embed_slope']:.2f}",
+            v["ov_embed_r2"],
+        ),
+        Reading(
+            "best_head",
+            "d_model, one head (the best)",
+            f"head {best}: R² {v['ov_head_r2'][best]:.2f}",
+            v["ov_head_r2"][best],
+        ),
+        Reading(
+            "full_ov",
+            "full OV W_E·ΣOV·W_U, input→output",
+            f"R² {v['full_ov_r2']:.2f}, slope {v['full_ov_slope']:.2f}, "
+            f"b {v['full_ov_intercept']:+.3f}",
+            v["full_ov_slope"],
+            key=True,
+        ),
+        Reading(
+            "full_ov_unfolded",
+            "full OV, unfolded model",
+            f"R² {v['full_ov_unfolded_r2']:.2f}, slope {v['full_ov_unfolded_slope']:.2f}",
+            v["full_ov_unfolded_slope"],
+        ),
+    ]
+    copies = v["full_ov_r2"] >= t["r2_holds"]
+    note = (
+        f"No reading reproduces the figure. In d_model, every variant gives R² "
+        f"{min(r2, v['ov_unfolded_r2'], v['ov_embed_r2']):.2f}-"
+        f"{max(r2, v['ov_unfolded_r2'], v['ov_embed_r2'], v['ov_head_r2'][best]):.2f}. "
+        if not ok
+        else ""
+    )
+    if copies:
+        note += (
+            f"From input to output space layer 0 is a scaled copy (R² {v['full_ov_r2']:.2f}, "
+            f"every eigenvalue score of the summed full OV {v['full_ov_l0_summed_score']:+.2f}) "
+            f"with α = {v['full_ov_slope']:.2f}, not 2.1-2.5 (and in the residual read "
+            f"through W_U after layer 0, α = q/p {_alpha(v['lens_alpha'])}, claim 13)."
+        )
+    return _claim(
+        6,
+        Reading(
+            "d_model",
+            "d_model, summed OV, normalised layer-0 input, per vector",
+            f"R² {r2:.2f}, slope {v['ov_slope_lo']:.2f}..{v['ov_slope_hi']:.2f} "
+            f"(median {slope:.2f}), b {v['ov_intercept']:+.3f}",
+            r2,
+        ),
+        readings,
+        _level(ok, r2 >= t["r2_partly"] and slope > 0),
+        f"R² {r2:.2f}",
+        "'we plotted (x_d, (OV x)_d) for each dimension 0 <= d < d_model' of residual stream "
+        "vectors, for the sum over heads (Figure 9), with LayerNorm folded (§4.1)",
+        note.strip(),
+    )
+
+
+def _judge_7(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    r2 = v["ov_random_r2"]
+    below = r2 <= v["ov_r2"] - t["r2_gap"]
+    return _claim(
+        7,
+        Reading(
+            "d_model",
+            "d_model, N(0, 1) vectors, summed OV",
+            f"R² {r2:.2f} (residual {v['ov_r2']:.2f})",
+            r2,
+        ),
+        [
+            Reading(
+                "full_ov",
+                "full OV, N(0, 1) input vectors",
+                f"R² {v['full_ov_random_r2']:.2f} (inputs {v['full_ov_r2']:.2f})",
+                v["full_ov_random_r2"],
+                key=True,
+            )
+        ],
+        _level(below and abs(r2 - 0.60) <= t["r2_random_tol"], below),
+        f"R² {r2:.2f}",
+        "'inputting a random, non-residual stream vector into the OV matrix': the claim 6 "
+        "reading with random vectors",
+        "Under neither reading is the fit worse on random vectors than on residual ones: the "
+        "OV map treats both alike."
+        if v["ov_random_r2"] > v["ov_r2"] - t["r2_gap"]
+        and v["full_ov_random_r2"] > v["full_ov_r2"] - t["r2_gap"]
+        else "",
+    )
+
+
+def _judge_8(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    out = v["outside"]
+    return _claim(
+        8,
+        Reading(
+            "norm_ratio",
+            "‖outside‖/‖x OV‖, summed OV, normalised layer-0 input",
+            f"{100 * out:.2f} %",
+            out,
+        ),
+        [
+            Reading(
+                "squared",
+                "share of ‖x OV‖²",
+                f"{100 * v['outside_squared']:.1f} %",
+                v["outside_squared"],
+            ),
+            Reading(
+                "per_head",
+                "each head's x OV_h",
+                f"{100 * v['outside_heads']:.1f} %",
+                v["outside_heads"],
+            ),
+            Reading(
+                "attn_out",
+                "layer 0's actual output",
+                f"{100 * v['outside_attn_out']:.1f} %",
+                v["outside_attn_out"],
+            ),
+            Reading(
+                "chance",
+                f"a random direction, sqrt(1 - {v['embed_rank']}/{v['d_model']})",
+                f"{100 * v['outside_chance']:.1f} %",
+                v["outside_chance"],
+                key=True,
+            ),
+        ],
+        _level(abs(out - 0.8415) <= t["outside_tol"], out >= t["outside_partly"]),
+        f"{100 * out:.1f} %",
+        "'the ratio of this norm to the original norm' of OV x, x a residual stream vector: "
+        "the same vectors and OV as claim 6",
+        f"A direction drawn at random would have {100 * v['outside_chance']:.1f} % outside a "
+        f"rank-{v['embed_rank']} subspace of {v['d_model']} dimensions, so the share says "
+        "little beyond 'not aligned with the embedding'.",
+    )
+
+
+def _judge_9(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    base = v["sweep_base"]
+    ratios = [m / base for m in v["ablate_heads"]]
+    n = len(ratios)
+    k = sum(r <= t["ablation_holds"] for r in ratios)
+    med = sorted(ratios)[n // 2] if n % 2 else _mean(sorted(ratios)[n // 2 - 1 : n // 2 + 1])
+    worst = max(range(n), key=lambda h: ratios[h])
+    joint = v["ablate_joint"] / v["mse"]
+    lo = min(v["ablate_heads"])
+    return _claim(
+        9,
+        Reading(
+            "single_head",
+            "one head at a time (mean over the population)",
+            f"{base:.1e} -> {lo:.1e}..{max(v['ablate_heads']):.1e}; {k}/{n} heads <= "
+            f"x{t['ablation_holds']:g}, median x{med:.1f}, head {worst} x{ratios[worst]:.1f}",
+            med,
+        ),
+        [
+            Reading(
+                "joint",
+                "all heads of layer 1 at once",
+                f"{v['mse']:.1e} -> {v['ablate_joint']:.1e} (x{joint:.0f})",
+                joint,
+                key=True,
+            )
+        ],
+        _level(k == n, k > n / 2),
+        f"x{med:.1f} ({k}/{n})",
+        "§4.5 defines ablation as 'removing a particular head to analyze its impact', and "
+        "its one figure, 0.0002 (x2), is the typical single head",
+        f"One head at a time, most layer-1 heads cost little; all together they are "
+        f"essential (x{joint:.0f}): the heads are redundant, not useless, so the paper's "
+        "'comparatively less useful' holds for each head, not for the layer.",
+    )
+
+
+def _judge_10(v: dict[str, Any]) -> Claim:
+    n = v["n_heads"]
+    ov, qk = v["ov_scores"][2], v["qk_scores"][2]
+    n_ov, n_qk = sum(x < 0 for x in ov), sum(x > 0 for x in qk)
+    fov, fqk = v["full_ov_scores"][2], v["full_qk_scores"][2]
+    return _claim(
+        10,
+        Reading(
+            "d_model",
+            "eigenvalue scores of W_V W_O and W_Q W_K^T",
+            f"OV < 0 in {n_ov}/{n} (mean {_mean(ov):+.2f}), QK > 0 in {n_qk}/{n} "
+            f"(mean {_mean(qk):+.2f})",
+            _mean(ov),
+        ),
+        [
+            Reading(
+                "full",
+                "full circuits W_E W_V W_O W_U, W_E W_Q W_K^T W_E^T",
+                f"OV < 0 in {sum(x < 0 for x in fov)}/{n} (mean {_mean(fov):+.2f}), "
+                f"QK > 0 in {sum(x > 0 for x in fqk)}/{n} (mean {_mean(fqk):+.2f})",
+                _mean(fov),
+            ),
+            Reading(
+                "qk_identity_like",
+                "QK scores > 0.5 (identity-like)",
+                f"{_count(qk, 0.5)}/{n}",
+                _count(qk, 0.5) / n,
+            ),
+        ],
+        _level(n_ov == n and n_qk == n, n_ov > n / 2),
+        f"OV {n_ov}/{n}, QK {n_qk}/{n}",
+        "Figure 15 scores 'the OV circuit', the d_model matrix of §4.4; QK 'strongly "
+        "resembles a positive identity' in every head",
+        "",
+    )
+
+
+def _judge_11(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    base = v["mse"]
+    ratio = v["qk_patch"] / base
+    sub = v["sweep_base"]
+    alt = v["qk_alt"]
+    heads = ",".join(map(str, v["qk_heads"]))
+    top = ",".join(map(str, v["qk_top_heads"]))
+    labels = {
+        "seed+1": "another random Q",
+        "top": f"the {len(v['qk_top_heads'])} most identity-like QK heads ({top})",
+        "all": "all heads",
+        "matched": "P scaled to each head's |QK|_F",
+        "uniform": f"reference: heads {heads} attend uniformly",
+    }
+    readings = [
+        Reading(k, labels[k], f"x{alt[k] / sub:.1f}", alt[k] / sub, key=k == "top")
+        for k in ("seed+1", "top", "all", "matched", "uniform")
+    ]
+    verdict = _level(ratio <= t["patch_holds"], ratio <= t["patch_partly"])
+    best = min(r.value for r in readings[:4])
+    note = (
+        f"No reading keeps the MSE: the patched variants cost x{best:.1f} or more, about "
+        f"what uniform attention in those heads costs (x{alt['uniform'] / sub:.1f})."
+        if best > t["patch_holds"]
+        else ""
+    )
+    return _claim(
+        11,
+        Reading(
+            "paper_heads",
+            f"heads {heads}, random Q, K^T = pinv(Q)",
+            f"MSE {base:.2e} -> {v['qk_patch']:.2e} (x{ratio:.2f})",
+            ratio,
+        ),
+        readings,
+        verdict,
+        f"x{ratio:.1f}",
+        "the paper names the heads (0-4), the patch (Q random, K^T = pinv(Q)) and the figure "
+        "(MSE unchanged)",
+        note,
+    )
+
+
+def _judge_12(v: dict[str, Any]) -> Claim:
+    by_pos, step = v["mlp_by_pos"], v["mlp_by_pos_step"]
+    last3, last5 = by_pos[-3:], by_pos[-5:]
+    n = len(by_pos)
+    return _claim(
+        12,
+        Reading(
+            "last_3",
+            f"all MLPs, target a_{{m+1}}, positions {n - 3}-{n - 1}",
+            ", ".join(f"{x:+.3f}" for x in last3),
+            min(last3),
+        ),
+        [
+            Reading(
+                "last_5",
+                f"positions {n - 5}-{n - 1}",
+                f"{sum(x > 0 for x in last5)}/5 > 0",
+                min(last5),
+            ),
+            Reading(
+                "step",
+                "target a_{m+1} - a_m",
+                ", ".join(f"{x:+.3f}" for x in step[-3:]),
+                min(step[-3:]),
+            ),
+        ],
+        _level(all(x > 0 for x in last3), sum(last3) > 0),
+        ", ".join(f"{x:+.2f}" for x in last3),
+        "'contribute in the correct direction for the final few sequence positions': the "
+        "last three positions of length-14 sequences",
+        "",
+    )
+
+
+def _judge_13(v: dict[str, Any]) -> Claim:
+    t = THRESHOLDS
+    corr = v["lens_corr"]
+    return _claim(
+        13,
+        Reading(
+            "corr",
+            "after layer 0 through ln_final and W_U vs a_{n+1}, correlation",
+            f"corr {corr:.2f} (current vector: {v['lens_corr_current']:.2f})",
+            corr,
+        ),
+        [
+            Reading("rel_err", "relative error", f"{v['lens_rel_err']:.2f}", v["lens_rel_err"]),
+            Reading(
+                "linearised",
+                "final LN at its cached scale",
+                f"corr {v['lens_corr_linearised']:.3f}",
+                v["lens_corr_linearised"],
+            ),
+            Reading(
+                "alpha",
+                "fit p a_n + q a_{n-1}, α = q/p (paper 2.3)",
+                f"p {v['lens_p']:.2f}, q {v['lens_q']:.2f}: α {_alpha(v['lens_alpha'])} "
+                f"(R² {v['lens_fit_r2']:.2f})",
+                v["lens_alpha"],
+                key=True,
+            ),
+            Reading(
+                "paper_transform",
+                "a_n + 2.3 a_{n-1} vs a_{n+1}",
+                f"corr {v['paper_transform_corr']:.2f}",
+                v["paper_transform_corr"],
+            ),
+        ],
+        _level(corr >= t["lens_holds"], corr >= t["lens_partly"]),
+        f"corr {corr:.2f}",
+        "'project the residual stream vectors into the unembedding space directly after the "
+        "zeroth layer' (Figure 14): ln_final and W_U on resid_post of layer 0",
+        "",
+    )
+
+
+_JUDGES = (
+    _judge_1,
+    _judge_2,
+    _judge_3,
+    _judge_4,
+    _judge_5,
+    _judge_6,
+    _judge_7,
+    _judge_8,
+    _judge_9,
+    _judge_10,
+    _judge_11,
+    _judge_12,
+    _judge_13,
+)

@@ -1,0 +1,417 @@
+"""vecinterp.tasks.affine_claims: the paper's claims under every reading, judged and tabulated.
+
+Exact values on planted weights and hand-built patterns, the fast paths against their slow
+definitions (the library's ablation and patch functions on whole passes), the verdict
+thresholds, and the rendering of the tables. Tiny models and data: the shipped model's
+figures are checked by tests/test_example_affine.py and the tutorial.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+import vecinterp as vi
+from helpers import unchecked
+from vecinterp.tasks import affine_claims as ac
+from vecinterp.tasks import affine_recurrence as ar
+
+SIZES = dict(
+    analysis_batch=16,
+    population=24,
+    eval_batches=12,
+    eval_batch_size=4,
+    sweep_batches=6,
+    sweep_batch_size=2,
+    n_random=16,
+)
+
+
+def tiny(seed: int = 0, *, d_in: int = 4, d_model: int = 16, d_head: int = 4, **kw):
+    cfg = vi.VectorTransformerConfig(
+        d_in=d_in,
+        d_model=d_model,
+        d_head=d_head,
+        n_heads=5,
+        n_layers=3,
+        d_mlp=16,
+        n_ctx=16,
+        **kw,
+    )
+    return vi.HookedVectorTransformer(cfg, seed=seed, dtype=torch.float64)
+
+
+def planted(alpha: float):
+    """Layer 0: head 0 copies within a 3-dim embedding space (OV = α E^T E), the others
+    write nothing; no positions. So x OV = α x for every residual vector, and the full OV
+    circuit E E^T α E E^T is α I. E's rows are orthonormal and orthogonal to the ones
+    vector, so folding and centring leave every planted matrix as it is."""
+    model = tiny(1, d_in=3, d_model=8, d_head=3)
+    gen = torch.Generator().manual_seed(0)
+    basis = torch.cat([torch.ones(8, 1), torch.randn(8, 3, generator=gen)], 1).double()
+    E = torch.linalg.qr(basis).Q[:, 1:4].T  # [3, 8]
+    with torch.no_grad():
+        model.embed.W_E.copy_(E)
+        model.pos_embed.W_pos.zero_()
+        attn = model.blocks[0].attn
+        attn.W_V.zero_()
+        attn.W_O.zero_()
+        attn.W_V[0] = E.T
+        attn.W_O[0] = alpha * E
+        model.unembed.W_U.copy_(E.T)
+    return model
+
+
+@pytest.fixture(scope="module")
+def result():
+    return ac.measure_claims(tiny(), **SIZES)
+
+
+# ------------------------------------------------------------------------- hand-worked
+
+
+def test_checkerboard_contrast_hand_worked():
+    n = 5
+    two_back = torch.zeros(1, 1, n, n)  # row d attends to d - 2: every other position
+    two_back[0, 0, 0, 0] = two_back[0, 0, 1, 0] = 1
+    for d in range(2, n):
+        two_back[0, 0, d, d - 2] = 1
+    assert ac.checkerboard_contrast(two_back).tolist() == [1.0]
+    prev = torch.zeros(1, 1, n, n)  # previous position: the other parity
+    prev[0, 0, 0, 0] = 1
+    for d in range(1, n):
+        prev[0, 0, d, d - 1] = 1
+    assert ac.checkerboard_contrast(prev).tolist() == [-1.0]
+    uniform = torch.ones(n, n).tril() / torch.arange(1, n + 1)[:, None]
+    assert abs(ac.checkerboard_contrast(uniform.expand(1, 1, n, n)).item()) < 1e-7
+
+
+def test_checkerboard_contrast_mixed_rows_and_the_diagonal():
+    # n = 4: row 2 attends to 0 (same parity: m_same 1, m_other 0); row 3 to 2 (other
+    # parity, one of two: m_same 0, m_other 1/2): (1 - 0.5) / (1 + 0.5) = 1/3
+    p = torch.zeros(1, 1, 4, 4)
+    p[0, 0, 0, 0] = p[0, 0, 1, 1] = p[0, 0, 2, 0] = p[0, 0, 3, 2] = 1
+    assert ac.checkerboard_contrast(p).item() == pytest.approx(1 / 3, abs=1e-7)
+    # attending only to oneself: no parity preference among earlier positions, but a
+    # perfect "every other vector starting from the destination itself"
+    self_only = torch.eye(6).expand(2, 3, 6, 6)
+    assert ac.checkerboard_contrast(self_only).tolist() == [0.0, 0.0, 0.0]
+    assert ac.checkerboard_contrast(self_only, include_diagonal=True).tolist() == [1.0] * 3
+
+
+def test_checkerboard_contrast_refuses_a_wrong_rank():
+    with unchecked(), pytest.raises(ValueError, match="batch, n_heads, dest_pos, src_pos"):
+        ac.checkerboard_contrast(torch.zeros(3, 3))
+
+
+@pytest.mark.parametrize("alpha", [0.5, 2.3])
+def test_planted_copying_layer_0_gives_slope_alpha_in_both_spaces(alpha):
+    res = ac.measure_claims(planted(alpha), **SIZES)
+    v = res.values
+    # full OV circuit W_E ΣOV W_U = α I: every input vector maps to α times itself
+    assert v["full_ov_slope"] == pytest.approx(alpha, abs=1e-12)
+    assert v["full_ov_r2"] == pytest.approx(1.0, abs=1e-12)
+    assert v["full_ov_intercept"] == pytest.approx(0.0, abs=1e-12)
+    assert v["full_ov_random_r2"] == pytest.approx(1.0, abs=1e-12)
+    assert v["full_ov_l0_summed_score"] == pytest.approx(1.0, abs=1e-9)
+    # d_model: every residual vector lies in the embedding space, where OV = α I
+    assert v["ov_slope"] == pytest.approx(alpha, abs=1e-9)
+    assert v["ov_r2"] == pytest.approx(1.0, abs=1e-9)
+    assert v["outside"] == pytest.approx(0.0, abs=1e-7)
+    assert v["ov_scores"][0][0] == pytest.approx(1.0, abs=1e-9)
+    claim = res[6]
+    assert claim.primary.name == "d_model" and claim.primary.value == pytest.approx(1.0)
+    full = next(r for r in claim.alternatives if r.name == "full_ov")
+    assert full.value == pytest.approx(alpha) and f"slope {alpha:.2f}" in full.text
+    # slope 2.3 with R² 1 is the paper's figure; 0.5 is a copy of the wrong size
+    assert claim.verdict == (ac.HOLDS if alpha == 2.3 else ac.PARTLY)
+
+
+# -------------------------------------------------------------- fast paths vs definitions
+
+
+def test_eval_ablation_and_patch_match_the_library_on_whole_passes(result):
+    model = vi.process_weights(tiny())
+    v, s = result.values, SIZES
+    kw = dict(dim=4, dtype=torch.float64)
+    eval_set = ar.fixed_eval_set(s["eval_batches"], s["eval_batch_size"], seed=10_000, **kw)
+    assert v["mse"] == pytest.approx(vi.evaluate(model, eval_set), rel=1e-12)
+    pop = ar.generate(s["population"], length=14, seed=30_000, **kw).inputs
+    means = vi.mean_activations(model, pop, "blocks.1.attn.hook_z")
+
+    def mse(batches, **ablation):
+        outs = [vi.ablate_heads(model, b.inputs, **ablation) for b in batches]
+        losses = [vi.masked_mse(o, b.targets, b.loss_mask) for o, b in zip(outs, batches)]
+        return float(sum(losses)) / len(losses)
+
+    joint = mse(eval_set, heads={1: list(range(5))}, kind="mean", population=means)
+    assert v["ablate_joint"] == pytest.approx(joint, rel=1e-10)
+    rows = slice(0, s["sweep_batch_size"])
+    sweep = [
+        ar.AffineBatch(
+            b.inputs[rows], b.targets[rows], b.loss_mask[rows], b.c[rows], b.d[rows], b.scale[rows]
+        )
+        for b in eval_set[: s["sweep_batches"]]
+    ]
+    for h in range(5):
+        single = mse(sweep, heads=(1, h), kind="mean", population=means)
+        assert v["ablate_heads"][h] == pytest.approx(single, rel=1e-10)
+    assert v["sweep_base"] == pytest.approx(vi.evaluate(model, sweep), rel=1e-12)
+    patched = vi.patch_qk_identity(model, 2, [0, 1, 2, 3, 4], seed=0)
+    assert v["qk_patch"] == pytest.approx(vi.evaluate(patched, eval_set), rel=1e-10)
+    every = vi.patch_qk_identity(model, 2, "all", seed=0)
+    assert v["qk_alt"]["all"] == pytest.approx(vi.evaluate(every, sweep), rel=1e-10)
+
+
+def test_attention_readings_match_the_detectors(result):
+    model = vi.process_weights(tiny())
+    batch = ar.generate(SIZES["analysis_batch"], length=14, seed=20_000, dim=4, dtype=torch.float64)
+    _, cache = model.run_with_cache(batch.inputs)
+    v = result.values
+    assert v["prev"] == vi.previous_position_score(cache["pattern", 0]).tolist()
+    assert v["pos1"] == vi.position_k_score(cache["pattern", 1], 1).tolist()
+    alt = batch.alternating
+    assert v["checker_alt"] == ac.checkerboard_contrast(cache["pattern", 2][alt]).tolist()
+    assert v["n_alt"] + v["n_non"] == SIZES["analysis_batch"]
+
+
+def test_the_model_given_is_not_modified():
+    model = tiny()
+    before = {k: t.clone() for k, t in model.state_dict().items()}
+    ac.measure_claims(model, **SIZES)
+    assert all(torch.equal(before[k], t) for k, t in model.state_dict().items())
+
+
+# ------------------------------------------------------------------------- the result
+
+
+def test_result_has_thirteen_claims_each_with_readings_and_reasons(result):
+    assert [c.number for c in result.claims] == list(range(1, 14))
+    for c in result.claims:
+        assert (c.claim, c.paper) == ac.CLAIMS[c.number]
+        assert c.verdict in ac.VERDICTS
+        assert c.basis and c.headline and c.primary.text
+        names = [c.primary.name] + [r.name for r in c.alternatives]
+        assert len(set(names)) == len(names)
+    assert {c.number for c in result.claims if len(c.alternatives) >= 2} >= {3, 4, 6, 8, 11, 13}
+
+
+def test_progress_reports_every_analysis_in_order(result):
+    seen = []
+    res = ac.measure_claims(tiny(), progress=lambda label, s: seen.append((label, s)), **SIZES)
+    assert [label for label, _ in seen] == list(res.timings)
+    assert all(s >= 0 for _, s in seen) and len(seen) == 7
+    assert list(res.timings) == list(result.timings)
+
+
+def test_values_round_trip_through_json(result):
+    values = json.loads(json.dumps(result.values))
+    assert ac.judge_claims(values) == result.claims
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(analysis_batch=0), ValueError, "analysis_batch"),
+        (dict(population=2.5), ValueError, "population"),
+        (dict(progress="print"), TypeError, "progress"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, error, match):
+    with unchecked(), pytest.raises(error, match=match):
+        ac.measure_claims(tiny(), **kwargs)
+
+
+def test_models_the_claims_do_not_apply_to_are_refused():
+    two = vi.HookedVectorTransformer(
+        vi.VectorTransformerConfig(d_in=4, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=16),
+        seed=0,
+    )
+    with pytest.raises(ValueError, match="3 layers"):
+        ac.measure_claims(two)
+    with pytest.raises(ValueError, match="d_out == d_in"):
+        ac.measure_claims(tiny(d_out=5))
+    with unchecked(), pytest.raises(TypeError, match="HookedVectorTransformer"):
+        ac.measure_claims("fast")
+    with pytest.raises(ValueError, match="ClaimsResult.values"):
+        ac.judge_claims({"mse": 1.0})
+
+
+# ------------------------------------------------------------------------- thresholds
+
+
+def _verdict(result, number, **changes):
+    return ac.judge_claims(dict(result.values, **changes))[number - 1].verdict
+
+
+@pytest.mark.parametrize(
+    ("mse", "verdict"),
+    [(2e-4, "holds"), (2.1e-4, "partly"), (1e-3, "partly"), (1.1e-3, "does not hold")],
+)
+def test_claim_1_thresholds(result, mse, verdict):
+    assert _verdict(result, 1, mse=mse) == verdict
+
+
+@pytest.mark.parametrize(
+    ("pos1", "verdict"),
+    [
+        ([0.6, 0.6, 0.6, 0.1, 0.1], "holds"),  # 3 of 5 heads with most attention on 1
+        ([0.6, 0.6, 0.3, 0.3, 0.3], "partly"),  # 2 of 5; all 5 above 0.25
+        ([0.6, 0.6, 0.2, 0.2, 0.2], "does not hold"),
+    ],
+)
+def test_claim_3_thresholds(result, pos1, verdict):
+    assert _verdict(result, 3, pos1=pos1) == verdict
+
+
+@pytest.mark.parametrize(
+    ("alt", "non", "verdict"),
+    [(0.5, 0.1, "holds"), (0.1, 0.0, "partly"), (0.3, 0.28, "does not hold")],
+)
+def test_claim_4_thresholds(result, alt, non, verdict):
+    assert _verdict(result, 4, checker_alt=[alt] * 5, checker_non=[non] * 5) == verdict
+
+
+@pytest.mark.parametrize(
+    ("r2", "slope", "verdict"),
+    [
+        (0.83, 2.3, "holds"),
+        (0.83, 0.4, "partly"),
+        (0.5, 2.3, "partly"),
+        (0.1, 2.3, "does not hold"),
+    ],
+)
+def test_claim_6_thresholds(result, r2, slope, verdict):
+    assert _verdict(result, 6, ov_r2=r2, ov_slope=slope, ov_intercept=0.0) == verdict
+
+
+@pytest.mark.parametrize(
+    ("heads", "verdict"),
+    [
+        ([1.0, 2.0, 3.0, 1.5, 1.1], "holds"),  # every head at most x3
+        ([3.01, 1.0, 1.0, 1.0, 40.0], "partly"),  # 3 of 5
+        ([3.01, 3.01, 9.0, 1.0, 1.0], "does not hold"),  # 2 of 5
+    ],
+)
+def test_claim_9_thresholds_on_the_single_head_reading(result, heads, verdict):
+    claim = ac.judge_claims(dict(result.values, sweep_base=1.0, ablate_heads=heads))[8]
+    assert claim.verdict == verdict and claim.primary.name == "single_head"
+
+
+@pytest.mark.parametrize(
+    ("ratio", "verdict"),
+    [(1.5, "holds"), (1.51, "partly"), (3.0, "partly"), (3.01, "does not hold")],
+)
+def test_claim_11_thresholds(result, ratio, verdict):
+    assert _verdict(result, 11, mse=1.0, qk_patch=ratio) == verdict
+
+
+def test_claim_10_needs_every_ov_score_negative_and_every_qk_score_positive(result):
+    ov = [[0.0] * 5, [0.0] * 5, [-0.9] * 5]
+    assert _verdict(result, 10, ov_scores=ov, qk_scores=[[0.0] * 5] * 2 + [[0.5] * 5]) == "holds"
+    assert _verdict(result, 10, ov_scores=ov, qk_scores=[[0.0] * 5] * 3) == "partly"
+    flipped = [[0.0] * 5, [0.0] * 5, [0.9, 0.9, 0.9, -0.9, -0.9]]
+    assert _verdict(result, 10, ov_scores=flipped, qk_scores=[[0.5] * 5] * 3) == "does not hold"
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def _claim(number, text, verdict, alternatives=()):
+    claim, paper = ac.CLAIMS[number]
+    primary = ac.Reading("p", "primary", text, 1.0)
+    return ac.Claim(number, claim, paper, primary, tuple(alternatives), verdict, text, "why", "")
+
+
+def test_claims_table_markdown_and_text():
+    alt = ac.Reading("joint", "all at once", "x101", 101.0, key=True)
+    claims = [_claim(1, "9.2e-05", "holds"), _claim(9, "x1.9 | 6/8", "partly", [alt])]
+    assert ac.claims_table(claims).splitlines() == [
+        "| # | claim | paper | ours (primary reading) | other readings | verdict |",
+        "|---|---|---|---|---|---|",
+        "| 1 | final eval MSE | 1e-4 | 9.2e-05 (primary) |  | holds |",
+        "| 9 | mean-ablating layer-1 heads (population 1,000) | MSE 1e-4 -> 2e-4 | "
+        "x1.9 \\| 6/8 (primary) | all at once: x101 | partly |",
+    ]
+    text = ac.claims_table(claims, fmt="text").splitlines()
+    assert text[0] == " 1  final eval MSE  [paper: 1e-4]  -> HOLDS"
+    assert text[-1] == "    also: x101  (all at once)"
+    with pytest.raises(ValueError, match="fmt"):
+        ac.claims_table(claims, fmt="html")
+
+
+def test_robustness_table_has_a_column_per_model_and_rows_for_key_readings():
+    alt = ac.Reading("joint", "all at once", "x101", 101.0, key=True)
+    other = ac.Reading("minor", "not key", "x1", 1.0)
+    a = ac.ClaimsResult((_claim(9, "x1.9", "partly", [alt, other]),), {}, {}, {})
+    alt_b = ac.Reading("joint", "all at once", "x160", 160.0, key=True)
+    b = ac.ClaimsResult((_claim(9, "x2.0", "partly", [alt_b, other]),), {}, {}, {})
+    md = ac.robustness_table([a, b], ["fast", "paper"]).splitlines()
+    assert md == [
+        "| # | claim | paper | fast | paper |",
+        "|---|---|---|---|---|",
+        "| 9 | mean-ablating layer-1 heads (population 1,000) | MSE 1e-4 -> 2e-4 | "
+        "x1.9 (partly) | x2.0 (partly) |",
+        "| 9′ | · all at once |  | x101 | x160 |",
+    ]
+    rst = ac.robustness_table([a, b], ["fast", "paper"], fmt="rst")
+    assert rst.startswith(".. list-table::\n   :header-rows: 1\n\n   * - #\n     - claim")
+    assert "   * - 9′\n     - · all at once\n     -\n     - x101\n     - x160" in rst
+    with pytest.raises(ValueError, match="results and names"):
+        ac.robustness_table([a, b], ["fast"])
+
+
+def test_claims_report_has_the_robustness_table_the_reasons_and_the_figures(result):
+    text = ac.claims_report(
+        [result, result], ["a", "b"], sources=["x", "y"], figures=["loss.png"], wall=3.25
+    )
+    assert "## Robustness across models" in text and "| # | claim | paper | a | b |" in text
+    assert "Wall time: 3.2 s." in text or "Wall time: 3.3 s." in text
+    for c in result.claims:
+        assert f"**{c.number}. {c.claim}** — {c.verdict}." in text
+        assert c.basis in text
+    assert json.dumps(ac.THRESHOLDS) in text
+    assert "![loss.png](loss.png)" in text
+    for label in result.timings:
+        assert f"| {label} |" in text
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def test_claim_figures_state_the_paper_value(result):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = dict(steps=[1, 2, 3], train_loss=[1.0, 0.5, 0.2], eval_steps=[3], eval_loss=[0.3])
+    try:
+        figs = ac.claim_figures(result, history=history)
+        assert tuple(figs) == ac.FIGURES
+        for name in (
+            "ov_linearity",
+            "ablation_and_patch",
+            "residual_vs_target",
+            "loss",
+            "mlp_attribution",
+        ):
+            labels = [
+                t.get_text()
+                for ax in figs[name].axes
+                if ax.get_legend()
+                for t in ax.get_legend().get_texts()
+            ]
+            assert any(label.startswith("paper") for label in labels), (name, labels)
+        bar = figs["eigenvalue_scores"].axes[0].images[0].colorbar
+        assert [t.get_text() for t in bar.ax.get_yticklabels()][::2] == [
+            "-1: -I (negative copy)",
+            "+1: +I (copy)",
+        ]
+    finally:
+        plt.close("all")
+    with pytest.raises(ValueError, match="ClaimsResult"):
+        ac.claim_figures(ac.ClaimsResult((), {}, {}, {}))
+    assert math.isfinite(result.values["mse"])
