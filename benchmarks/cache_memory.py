@@ -36,6 +36,7 @@ import vecinterp as vi
 from vecinterp.tasks.affine_recurrence import MODEL_CONFIG_KWARGS
 
 LENGTH = 14
+CLOCK = time.perf_counter  # --cpu-time: time.process_time, steadier on a busy machine
 MODES = ("default", "all stored", "z/pre only")
 
 
@@ -109,17 +110,17 @@ def measure(batch: int, rounds: int) -> dict[str, dict[str, float]]:
         for mode in MODES:  # warm-up, bytes held, time to read the derived entries
             _, cache = model.run_with_cache(x, names_filter=names_filter(mode))
             out[mode]["cached_mib"] = cached_bytes(cache) / 2**20
-            start = time.perf_counter()
+            start = CLOCK()
             read_all(model, cache)
-            out[mode]["read_all_ms"] = (time.perf_counter() - start) * 1e3
+            out[mode]["read_all_ms"] = (CLOCK() - start) * 1e3
             del cache
         for _ in range(rounds):
             for mode in MODES:
                 nf = names_filter(mode)
-                start = time.perf_counter()
+                start = CLOCK()
                 for _ in range(reps):
                     model.run_with_cache(x, names_filter=nf)
-                times[mode].append((time.perf_counter() - start) / reps)
+                times[mode].append((CLOCK() - start) / reps)
     for mode in MODES:
         out[mode]["best_ms"] = min(times[mode]) * 1e3
         out[mode]["median_ms"] = statistics.median(times[mode]) * 1e3
@@ -131,6 +132,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--runs", type=int, default=5, help="caches per peak-memory process")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with the process CPU clock (steadier on a busy machine; use with --threads 1)",
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 256])
     parser.add_argument(
         "--peak", nargs=3, metavar=("BATCH", "MODE", "RUNS"), help=argparse.SUPPRESS
@@ -138,13 +144,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
     if args.peak:  # child process: one peak-memory measure
         batch, mode, runs = int(args.peak[0]), args.peak[1], int(args.peak[2])
         print(json.dumps(peak_rss_mib(batch, mode, runs)))
         return
     print(
         f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads, "
-        f"vecinterp {vi.__version__}"
+        f"vecinterp {vi.__version__}, {'CPU' if args.cpu_time else 'wall'} time"
     )
     print(
         f"{'batch':>5} {'mode':<11} {'best ms':>8} {'median ms':>9} {'cached MiB':>10} "
