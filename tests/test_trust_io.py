@@ -22,7 +22,7 @@ import safetensors.torch
 import torch
 
 import vecinterp as vi
-from helpers import random_model, tiny_cfg
+from helpers import random_model, tiny_cfg, unchecked
 from vecinterp.model import io
 from vecinterp.model.io import read_config
 from vecinterp.training import latest_checkpoint
@@ -338,6 +338,30 @@ def test_a_config_that_disagrees_with_its_weights_gives_a_short_message(tmp_path
         "shapes: embed.W_E: expected (3, 12), got (3, 8); pos_embed.W_pos: expected (7, 12), "
         "got (7, 8); blocks.0.ln1.w: expected (12,), got (8,); … and 26 more"
     )
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda m, d: vi.save(m, 123), TypeError, "path must be a str or os.PathLike"),
+        (lambda m, d: vi.load(None), TypeError, "path must be a str or os.PathLike"),
+        (lambda m, d: vi.save(m, d / "f" / "run"), ValueError, "a file is in the way"),
+        (lambda m, d: vi.save(m, d / "m", metadata=[1]), TypeError, "metadata must be a dict"),
+        (lambda m, d: vi.save(m, d / "m", metadata={"x": object()}), TypeError,
+         "metadata must be JSON-serialisable"),
+        (lambda m, d: vi.save(m, d / "m", metadata={"x": float("nan")}), ValueError,
+         "metadata must be JSON-serialisable, but holds a NaN"),
+        (lambda m, d: latest_checkpoint(d / "f"), ValueError, "checkpoint_dir must be a directory"),
+        (lambda m, d: latest_checkpoint(7), TypeError, "checkpoint_dir must be a path"),
+    ],
+    ids=["save-int", "load-none", "under-a-file", "meta-list", "meta-object", "meta-nan",
+         "latest-file", "latest-int"],
+)  # fmt: skip
+def test_save_and_load_name_the_bad_argument(tmp_path, call, error, message):
+    (tmp_path / "f").write_text("a file")
+    with unchecked(), pytest.raises(error, match=re.escape(message)):
+        call(random_model(tiny_cfg()), tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["f"]  # nothing written
 
 
 # ---------------------------------------------------------------- training checkpoints

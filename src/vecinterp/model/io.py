@@ -341,14 +341,19 @@ def save(
     """
     if not isinstance(model, HookedVectorTransformer):
         raise TypeError(f"save expects a HookedVectorTransformer, got {type(model).__name__}")
-    directory = Path(path)
+    directory = _check_path(path)
     if directory.is_symlink():  # save where the link points, as writing into it would
         directory = directory.resolve()
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory} exists and is not a directory")
     tensors, header, text = _serialise(model, metadata)  # bad metadata fails before a write
     parent = directory.parent
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(
+            f"path {directory} cannot be a directory: a file is in the way of {parent}"
+        ) from None
     with directory_lock(parent) as locked:
         _recover(directory, clean=locked)
         directory.mkdir(exist_ok=True)
@@ -375,6 +380,8 @@ def _serialise(
     model: HookedVectorTransformer, metadata: dict[str, Any] | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
     """The tensors, safetensors header and config text of a save (nothing written yet)."""
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict (JSON-serialisable) or None, got {metadata!r}")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     refuse_non_finite(tensors, "save refuses a model with non-finite weights")
     dtypes = {str(t.dtype) for t in tensors.values()}
@@ -385,7 +392,14 @@ def _serialise(
         "dtype": dtypes.pop() if len(dtypes) == 1 else None,
         "metadata": metadata or {},
     }
-    text = json.dumps(record, indent=2, sort_keys=True)
+    try:
+        text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False)
+    except TypeError as err:
+        raise TypeError(f"metadata must be JSON-serialisable: {err}") from None
+    except ValueError:
+        raise ValueError(
+            f"metadata must be JSON-serialisable, but holds a NaN or inf: {metadata!r}"
+        ) from None
     header = {
         "format": FORMAT,
         "config": json.dumps(model.cfg.to_dict(), sort_keys=True),
@@ -412,6 +426,14 @@ def save_new(
     tensors, header, text = _serialise(model, metadata)
     path.mkdir()
     _write_files(path, tensors, header, text)
+
+
+def _check_path(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"path must be a str or os.PathLike (a directory), got {type(path).__name__}"
+        )
+    return Path(path)
 
 
 def _carried_entries(directory: Path) -> list[os.DirEntry[str]]:
@@ -571,7 +593,7 @@ def load(
         >>> torch.equal(again(x), model(x)), again is model
         (True, False)
     """
-    directory = Path(path)
+    directory = _check_path(path)
     config_data, weights_data = _read_save(directory)
     cfg, _ = _parse_config(config_data, directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE

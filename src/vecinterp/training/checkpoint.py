@@ -61,7 +61,14 @@ def step_dir_name(step: int) -> str:
 
 def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
     """The complete checkpoints in ``checkpoint_dir``, oldest first (empty if none)."""
+    if not isinstance(checkpoint_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"checkpoint_dir must be a path (str or os.PathLike), got "
+            f"{type(checkpoint_dir).__name__}"
+        )
     directory = Path(checkpoint_dir)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"checkpoint_dir must be a directory, but {directory} is a file")
     if not directory.is_dir():
         return []
     found = []
