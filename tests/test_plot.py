@@ -136,6 +136,99 @@ def test_plot_attention_grid_rejects_bad_shapes_and_labels():
         vplot.plot_attention_grid(np.zeros((2, 3, 3)), col_labels=["a", "b", "c"])
 
 
+def _render(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3, 3), (2, 3, 7, 7), (3, 8, 14, 14), (2, 4, 5, 9)])
+def test_plot_attention_grid_lays_panels_out_without_overlap_or_clipping(shape):
+    grid = np.random.default_rng(0).random(shape)
+    fig = vplot.plot_attention_grid(grid, title="a title", highlight_source=1)
+    renderer = _render(fig)
+    assert fig.get_layout_engine() is None  # placed once, not re-laid out on every draw
+    n_rows, n_cols = shape[:2]
+    panels, colorbar = fig.axes[:-1], fig.axes[-1]
+    assert len(panels) == n_rows * n_cols
+    boxes = [ax.get_position() for ax in panels] + [colorbar.get_position()]
+    for k, a in enumerate(boxes):
+        assert 0 <= a.x0 < a.x1 <= 1 and 0 <= a.y0 < a.y1 <= 1
+        for b in boxes[k + 1 :]:  # no two panels (or the colour bar) overlap
+            assert a.x1 <= b.x0 or b.x1 <= a.x0 or a.y1 <= b.y0 or b.y1 <= a.y0
+    # every label, title and tick label lies inside the canvas
+    canvas = fig.bbox
+    for ax in fig.axes:
+        box = ax.get_tightbbox(renderer)
+        assert box.x0 >= canvas.x0 - 1 and box.x1 <= canvas.x1 + 1, ax.get_title()
+        assert box.y0 >= canvas.y0 - 1 and box.y1 <= canvas.y1 + 1, ax.get_title()
+    title = fig._suptitle.get_window_extent(renderer)
+    assert title.y1 <= canvas.y1 + 1 and title.y0 >= max(b.y1 for b in boxes) * canvas.height
+    # each panel keeps the pattern's aspect: square cells
+    pos = panels[0].get_position()
+    width, height = pos.width * fig.get_figwidth(), pos.height * fig.get_figheight()
+    assert width / height == pytest.approx(shape[3] / shape[2])
+
+
+def test_plot_attention_grid_labels_only_the_outer_panels_with_few_ticks():
+    fig = vplot.plot_attention_grid(np.random.default_rng(0).random((3, 4, 14, 14)))
+    _render(fig)
+    panels = np.array(fig.axes[:-1]).reshape(3, 4)
+    for i in range(3):
+        for j in range(4):
+            ax = panels[i, j]
+            np.testing.assert_array_equal(ax.get_xticks(), [0, 5, 10])
+            np.testing.assert_array_equal(ax.get_yticks(), [0, 5, 10])
+            shown_x = [t.get_text() for t in ax.get_xticklabels() if t.get_visible()]
+            shown_y = [t.get_text() for t in ax.get_yticklabels() if t.get_visible()]
+            assert bool(shown_x) == (i == 2) and bool(shown_y) == (j == 0)
+
+
+def test_plot_attention_grid_highlights_a_source_column_in_chosen_rows():
+    fig = vplot.plot_attention_grid(np.zeros((3, 2, 6, 6)), highlight_source=2, highlight_rows=[1])
+    panels = fig.axes[:-1]
+    for k, ax in enumerate(panels):
+        outlines = [p for p in ax.patches if isinstance(p, matplotlib.patches.Rectangle)]
+        if k // 2 == 1:
+            (box,) = outlines
+            assert (box.get_x(), box.get_y(), box.get_width(), box.get_height()) == (
+                1.5,
+                -0.5,
+                1.0,
+                6,
+            )
+            assert not box.get_fill()
+        else:
+            assert outlines == []
+    all_rows = vplot.plot_attention_grid(np.zeros((2, 2, 4, 4)), highlight_source=0)
+    assert all(len(ax.patches) == 1 for ax in all_rows.axes[:-1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(highlight_source=6), r"highlight_source must be a source position in 0\.\.5"),
+        (dict(highlight_source=-1), "highlight_source must be"),
+        (dict(highlight_source=1, highlight_rows=[3]), r"highlight_rows must be .* 0\.\.2"),
+        (dict(panel_size=0.0), "panel_size must be"),
+    ],
+)
+def test_plot_attention_grid_rejects_bad_highlight_and_size(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        vplot.plot_attention_grid(np.zeros((3, 2, 6, 6)), **kwargs)
+
+
+def test_position_ticks_are_located_not_built_before_a_draw():
+    # set_ticks would build every tick object at once (the slow path); a locator waits
+    ax = vplot.plot_attention(np.eye(14))
+    assert len(ax.xaxis.majorTicks) <= 1 and len(ax.yaxis.majorTicks) <= 1
+    np.testing.assert_array_equal(ax.get_xticks(), np.arange(14))
+    ax = vplot.plot_attention(np.eye(40))  # beyond 16 positions: every 5th
+    np.testing.assert_array_equal(ax.get_xticks(), np.arange(0, 40, 5))
+    grid = vplot.plot_score_grid(np.zeros((3, 8)))
+    assert len(grid.xaxis.majorTicks) <= 1
+    np.testing.assert_array_equal(grid.get_xticks(), np.arange(8))
+
+
 # ---------------------------------------------------------------------- matrices, scores
 
 
@@ -198,6 +291,44 @@ def test_plot_score_grid_fixed_limit_about_center():
     assert ax.images[0].get_clim() == (-1.0, 1.0)
     ax = vplot.plot_score_grid(np.array([[0.2, -0.3]]), center=0.5, limit=2)
     assert ax.images[0].get_clim() == (-1.5, 2.5)
+
+
+def test_plot_score_grid_labels_its_colour_scale():
+    ax = vplot.plot_score_grid(
+        np.array([[0.2, -0.3]]),
+        center=0.0,
+        limit=1.0,
+        colorbar_label="score",
+        scale_labels={1: "high", -1.0: "low", 0.5: "half"},
+    )
+    bar = ax.images[0].colorbar
+    assert bar.ax.get_ylabel() == "score"
+    np.testing.assert_array_equal(bar.ax.get_yticks(), [-1.0, 0.5, 1.0])
+    assert [t.get_text() for t in bar.ax.get_yticklabels()] == ["low", "half", "high"]
+    with pytest.raises(ValueError, match=r"scale_labels has values outside .*\[2\.0\]"):
+        vplot.plot_score_grid(np.zeros((1, 2)), center=0.0, limit=1.0, scale_labels={2.0: "x"})
+
+
+@pytest.mark.parametrize(
+    ("circuit", "low", "high"),
+    [
+        ("OV", "−1: negates\n(OV ≈ −I)", "+1: copies\n(OV ≈ +I)"),
+        ("QK", "−1: opposite\ndirection (QK ≈ −I)", "+1: same\ndirection (QK ≈ +I)"),
+    ],
+)
+def test_plot_eigenvalue_scores_says_what_the_ends_of_the_scale_mean(circuit, low, high, tmp_path):
+    scores = torch.tensor([[-1.0, 0.25], [float("nan"), 1.0]])
+    ax = vplot.plot_eigenvalue_scores(scores, circuit=circuit)
+    save(ax.figure, tmp_path)
+    assert ax.images[0].get_clim() == (-1.0, 1.0)
+    bar = ax.images[0].colorbar
+    np.testing.assert_array_equal(bar.ax.get_yticks(), [-1.0, 0.0, 1.0])
+    assert [t.get_text() for t in bar.ax.get_yticklabels()] == [low, "0", high]
+    assert bar.ax.get_ylabel() == f"{circuit} eigenvalue score"
+    assert ax.get_title() == f"{circuit} eigenvalue scores"
+    assert sorted(t.get_text() for t in ax.texts) == ["-1.00", "0.25", "1.00"]
+    with pytest.raises(ValueError, match=r"circuit must be one of \['OV', 'QK'\], got 'VO'"):
+        vplot.plot_eigenvalue_scores(scores, circuit="VO")
 
 
 @pytest.mark.parametrize(
@@ -291,6 +422,62 @@ def test_plot_fit_rejects_bad_input(kwargs, match):
         vplot.plot_fit(**kwargs)
 
 
+def test_plot_fit_draws_a_reference_slope_through_the_origin():
+    x = np.linspace(-1.0, 2.0, 30)
+    ax = vplot.plot_fit(x, 0.4 * x, reference=2.3, reference_label="paper")
+    fit, reference = ax.lines
+    xs, ys = reference.get_data()
+    np.testing.assert_allclose(xs, [-1.0, 2.0])
+    np.testing.assert_allclose(ys, [-2.3, 4.6])
+    assert reference.get_linestyle() == "--"
+    assert ax.get_legend().get_texts()[-1].get_text() == "paper: slope 2.3"
+    assert ax.get_ylim()[1] >= 4.6  # the axes widen to show the claim
+
+
+def test_plot_fit_draws_a_range_of_reference_slopes_as_a_wedge():
+    x = np.linspace(-1.0, 1.0, 30)
+    ax = vplot.plot_fit(x, 0.4 * x, reference=(2.5, 2.1), reference_label="paper")
+    assert len(ax.lines) == 3
+    slopes = sorted(
+        (line.get_ydata()[1] - line.get_ydata()[0]) / (line.get_xdata()[1] - line.get_xdata()[0])
+        for line in ax.lines[1:]
+    )
+    assert slopes == pytest.approx([2.1, 2.5])
+    wedge = ax.collections[-1]
+    corners = wedge.get_paths()[0].vertices
+    assert corners[:, 1].max() == pytest.approx(2.5) and corners[:, 1].min() == pytest.approx(-2.5)
+    assert ax.get_legend().get_texts()[-1].get_text() == "paper: slope 2.1–2.5"
+
+
+@pytest.mark.parametrize(
+    "reference", [np.array([1.0, 2.0, 3.0]), float("nan"), (1.0, float("inf"))]
+)
+def test_plot_fit_rejects_a_bad_reference(reference):
+    with pytest.raises(ValueError, match="reference must be a slope or a .low, high. pair"):
+        vplot.plot_fit(np.arange(3.0), np.arange(3.0), reference=reference)
+
+
+def test_plot_attribution_reference_line_and_per_component_marks():
+    ax = vplot.plot_attribution([0.3, -0.1, 0.05], ["a", "b", "c"], reference=0.2)
+    line = ax.lines[-1]
+    np.testing.assert_array_equal(line.get_ydata(), [0.2, 0.2])
+    assert line.get_linestyle() == "--" and line.get_label() == "reference: 0.2"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reference: 0.2"]
+
+    ax = vplot.plot_attribution(
+        [0.3, -0.1, 0.05], ["a", "b", "c"], reference=[0.25, np.nan, 0.1], reference_label="paper"
+    )
+    segments = ax.collections[-1].get_segments()
+    assert len(segments) == 2  # none for the NaN
+    np.testing.assert_allclose(segments[0], [[-0.4, 0.25], [0.4, 0.25]])
+    np.testing.assert_allclose(segments[1], [[1.6, 0.1], [2.4, 0.1]])
+    assert ax.collections[-1].get_label() == "paper"
+    with pytest.raises(ValueError, match=r"reference must be one number or one per component"):
+        vplot.plot_attribution([0.3, -0.1], ["a", "b"], reference=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="reference must be a finite number"):
+        vplot.plot_attribution([0.3, -0.1], ["a", "b"], reference=np.inf)
+
+
 # ------------------------------------------------------------------ loss, residuals
 
 
@@ -333,6 +520,54 @@ def test_plot_loss_from_a_train_history():
 def test_plot_loss_rejects_bad_input(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         vplot.plot_loss(*args, **kwargs)
+
+
+def test_plot_loss_reference_line_at_the_claimed_loss():
+    ax = vplot.plot_loss([0, 1, 2], [1.0, 0.1, 0.01], reference=1e-4, reference_label="paper")
+    train, reference = ax.lines
+    np.testing.assert_array_equal(reference.get_ydata(), [1e-4, 1e-4])
+    np.testing.assert_array_equal(reference.get_xdata(), [0, 1])  # axes coordinates: across
+    assert reference.get_label() == "paper: 0.0001"
+    assert ax.get_ylim()[0] <= 1e-4
+    with pytest.raises(ValueError, match="reference must be positive on a log scale"):
+        vplot.plot_loss([0, 1], [1.0, 0.5], reference=0.0)
+    assert vplot.plot_loss([0, 1], [1.0, 0.5], reference=-1.0, log=False).lines[-1].get_ydata()[
+        0
+    ] == pytest.approx(-1.0)
+
+
+def test_add_note_writes_in_axes_coordinates():
+    ax = vplot.plot_loss([0, 1], [1.0, 0.5])
+    note = vplot.add_note(ax, "paper: 1e-4\nours: 9e-5", loc="lower right")
+    assert note is ax.texts[-1]
+    assert note.get_text() == "paper: 1e-4\nours: 9e-5"
+    assert note.get_transform() == ax.transAxes
+    assert note.get_position() == (0.98, 0.02)
+    assert (note.get_horizontalalignment(), note.get_verticalalignment()) == ("right", "bottom")
+    assert note.get_bbox_patch() is not None
+    with pytest.raises(ValueError, match="loc must be one of"):
+        vplot.add_note(ax, "x", loc="middle")
+    with pytest.raises(TypeError, match="ax"):  # ours, or the test run's type checker
+        vplot.add_note(ax.figure, "x")
+
+
+def test_save_figure_writes_at_the_dpi_and_closes(tmp_path):
+    ax = vplot.plot_loss([0, 1], [1.0, 0.5])
+    fig = ax.figure
+    fig.set_size_inches(3.0, 2.0)
+    path = vplot.save_figure(ax, tmp_path / "loss.png")
+    assert path == tmp_path / "loss.png"
+    assert not plt.fignum_exists(fig.number)
+    image = matplotlib.image.imread(path)
+    assert image.shape[:2] == (200, 300)  # 100 dpi by default
+    fig2 = plt.figure(figsize=(2.0, 1.0))
+    vplot.save_figure(fig2, tmp_path / "small.png", dpi=50, close=False)
+    assert matplotlib.image.imread(tmp_path / "small.png").shape[:2] == (50, 100)
+    assert plt.fignum_exists(fig2.number)
+    with pytest.raises(ValueError, match="dpi must be a positive finite number"):
+        vplot.save_figure(fig2, tmp_path / "x.png", dpi=0)
+    with pytest.raises(TypeError, match="fig"):
+        vplot.save_figure("figure", tmp_path / "x.png")
 
 
 def test_plot_residual_vs_target(tmp_path):

@@ -8,11 +8,27 @@ Shapes are checked up front with a ``ValueError`` that names the expected axes. 
 annotated as plain array types rather than jaxtyping shapes on purpose: the functions accept
 several ranks and report a wrong one as a ``ValueError`` of their own.
 
+Figures that state a claim: :func:`plot_fit`, :func:`plot_attribution` and :func:`plot_loss`
+draw a ``reference`` (the value a paper reports) beside the data, :func:`plot_attention_grid`
+outlines a source position (``highlight_source``), :func:`add_note` writes a sentence into
+an axes, and :func:`plot_eigenvalue_scores` labels the ends of its colour scale with what
+they mean (−1 negates, +1 copies).
+
+Speed and legibility: tick marks are set through fixed locators (no tick objects are built
+until a draw needs them), :func:`plot_attention_grid` places its panels itself instead of
+running a layout engine over dozens of axes, and :func:`save_figure` writes and closes a
+figure. Text is sized in points, so it is legible from 100 dpi (the default of
+:func:`save_figure`; 8-pt text is then 11 px tall): for a smaller image, shrink the figure,
+not the dpi.
+
 Nothing else in vecinterp imports this module, so vecinterp works without matplotlib.
 """
 
-from collections.abc import Sequence
-from typing import Any, Protocol, SupportsFloat, runtime_checkable
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol, SupportsFloat, runtime_checkable
 
 import numpy as np
 import torch
@@ -21,7 +37,10 @@ try:
     import matplotlib.pyplot as plt
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.patches import Rectangle
+    from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FixedLocator, MaxNLocator
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides matplotlib
     raise ImportError(
         "vecinterp.plot needs matplotlib, which is not installed. "
@@ -31,15 +50,18 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from .factored_matrix import FactoredMatrix
 
 __all__ = [
+    "add_note",
     "plot_attention",
     "plot_attention_grid",
     "plot_attribution",
+    "plot_eigenvalue_scores",
     "plot_emergence",
     "plot_fit",
     "plot_loss",
     "plot_matrix",
     "plot_residual_vs_target",
     "plot_score_grid",
+    "save_figure",
 ]
 
 # numbers as a tensor, an array, or a (nested, for matrices) list
@@ -50,7 +72,23 @@ _ATTENTION_CMAP = "Blues"
 _DIVERGING_CMAP = "RdBu_r"  # red positive, blue negative
 _MASKED_GREY = "0.85"
 _POSITIVE, _NEGATIVE = "tab:blue", "tab:red"
-_MAX_TICKS = 16  # label every position up to this many; beyond, let matplotlib thin them
+_REFERENCE = "0.35"  # the colour of a claim's reference line: dark grey, dashed
+_MAX_TICKS = 16  # label every position up to this many; beyond, every 2nd, 5th, 10th, ...
+_GRID_TICKS = 4  # at most this many position ticks per axis of a grid panel
+
+EIGENVALUE_SCALE_LABELS: dict[str, dict[float, str]] = {
+    "OV": {-1.0: "−1: negates\n(OV ≈ −I)", 0.0: "0", 1.0: "+1: copies\n(OV ≈ +I)"},
+    "QK": {
+        -1.0: "−1: opposite\ndirection (QK ≈ −I)",
+        0.0: "0",
+        1.0: "+1: same\ndirection (QK ≈ +I)",
+    },
+}
+"""What the ends of an eigenvalue-score scale mean, per circuit: the colour-bar labels of
+:func:`plot_eigenvalue_scores`. An OV circuit ``W_V W_O = −I`` scores exactly −1 (the head
+writes the negative of what it reads), ``+I`` scores +1 (it copies); a QK circuit
+``W_Q W_K^T = ±I`` makes a query attend most to keys in the same (+1) or the opposite (−1)
+direction."""
 
 
 @runtime_checkable
@@ -101,18 +139,44 @@ def _new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     return ax
 
 
-def _position_ticks(ax: Axes, n_x: int, n_y: int, labels: Sequence[str] | None) -> None:
+def _position_locator(n: int, max_ticks: int) -> FixedLocator:
+    """Ticks at positions ``0, k, 2k, ... < n`` with the smallest ``k`` in 1, 2, 5, 10,
+    20, 50, ... that gives at most ``max_ticks`` of them."""
+    step = 1
+    while math.ceil(n / step) > max_ticks:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2
+    return FixedLocator(range(0, n, step))
+
+
+def _position_ticks(
+    ax: Axes, n_x: int, n_y: int, labels: Sequence[str] | None, max_ticks: int = _MAX_TICKS
+) -> None:
     """Integer position ticks; every position is labelled when there are few or when
-    ``labels`` are given (the last ``n_y`` labels go on the y axis)."""
+    ``labels`` are given (the last ``n_y`` labels go on the y axis).
+
+    Locators, not ``set_ticks``: ``set_ticks`` builds every tick object (two lines and two
+    texts each) at once, and again whenever the ticks change; a locator defers that to the
+    draw, which then builds only the ticks it shows."""
     for axis, n in ((ax.xaxis, n_x), (ax.yaxis, n_y)):
         if labels is not None:
-            axis.set_ticks(range(n), labels=list(labels)[len(labels) - n :])
-        elif n <= _MAX_TICKS:
-            axis.set_ticks(range(n))
+            axis.set_major_locator(FixedLocator(range(n)))
+            axis.set_major_formatter(FixedFormatter(list(labels)[len(labels) - n :]))
         else:
-            axis.set_major_locator(MaxNLocator(nbins=_MAX_TICKS, integer=True))
+            axis.set_major_locator(_position_locator(n, max_ticks))
     if labels is not None and n_x > 8:
         ax.tick_params(axis="x", labelrotation=90)
+
+
+def _font_inches(key: Literal["axes.labelsize", "xtick.labelsize", "font.size"]) -> float:
+    """The height of rcParams ``key``'s font size, in inches (rcParams are only read)."""
+    return FontProperties(size=plt.rcParams[key]).get_size_in_points() / 72.0
+
+
+def _reference_value(value: object, name: str) -> float:
+    number = _scalar(value, name)  # type: ignore[arg-type]
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {number}")
+    return number
 
 
 # ---------------------------------------------------------------------------- attention
@@ -207,8 +271,16 @@ def plot_attention_grid(
     col_labels: Sequence[str] | None = None,
     title: str | None = None,
     vmax: SupportsFloat | None = None,
+    highlight_source: int | None = None,
+    highlight_rows: Sequence[int] | None = None,
+    panel_size: int | float = 1.6,
 ) -> Figure:
     """A grid of attention patterns (one subplot each) sharing one colour scale and bar.
+
+    The panels are placed by a fixed layout computed from the font sizes (in inches, so it
+    does not depend on the dpi) rather than by a layout engine, which would measure every
+    tick label of every panel on each draw: a 3 × 8 grid saves in a fraction of a second.
+    Only the outer panels carry tick labels, at most four positions per axis.
 
     Args:
         patterns: ``[n_rows, n_cols, dest_pos, src_pos]`` (e.g. ``[n_layers, n_heads, ...]``,
@@ -218,21 +290,29 @@ def plot_attention_grid(
         col_labels: ``n_cols`` labels, shown above each column.
         title: figure title.
         vmax: top of the shared colour scale (see :func:`plot_attention`).
+        highlight_source: a source position to outline (a rectangle around its column) in
+            the panels of ``highlight_rows``, e.g. 1 for "layer 1's heads attend to
+            position 1" (Bhargav & Gu 2024, §4.2).
+        highlight_rows: the rows whose panels get the outline; default: every row.
+        panel_size: the width of one panel in inches (its height follows the pattern's
+            shape).
 
     Returns:
         The figure; ``fig.axes`` lists the ``n_rows * n_cols`` pattern axes row by row,
-        then the colour bar.
+        then the colour bar. An outline is a ``Rectangle`` in its panel's ``patches``.
 
     Raises:
-        ValueError: ``patterns`` is not 3-D or 4-D, or a label list has the wrong length.
+        ValueError: ``patterns`` is not 3-D or 4-D, a label list has the wrong length, or
+            ``highlight_source``/``highlight_rows``/``panel_size`` is out of range.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
         >>> import matplotlib.pyplot as plt, torch
         >>> from vecinterp.plot import plot_attention_grid
-        >>> fig = plot_attention_grid(torch.softmax(torch.randn(2, 3, 5, 5), dim=-1))
-        >>> len(fig.axes), fig.axes[0].get_title()
-        (7, 'head 0')
+        >>> fig = plot_attention_grid(torch.softmax(torch.randn(2, 3, 5, 5), dim=-1),
+        ...                           highlight_source=1, highlight_rows=[1])
+        >>> len(fig.axes), fig.axes[0].get_title(), len(fig.axes[3].patches)
+        (7, 'head 0', 1)
         >>> plt.close(fig)
     """
     values = _to_numpy(patterns, "patterns")
@@ -244,7 +324,7 @@ def plot_attention_grid(
     )
     if values.ndim == 3:
         values = values[None]
-    n_rows, n_cols = values.shape[:2]
+    n_rows, n_cols, n_dest, n_src = values.shape
     if row_labels is None:
         row_labels = [f"layer {i}" for i in range(n_rows)] if n_rows > 1 else [""]
     if col_labels is None:
@@ -252,30 +332,67 @@ def plot_attention_grid(
     for name, given, n in (("row_labels", row_labels, n_rows), ("col_labels", col_labels, n_cols)):
         if len(given) != n:
             raise ValueError(f"{name} must have {n} entries, got {len(given)}")
+    if highlight_source is not None and not (
+        isinstance(highlight_source, int | np.integer) and 0 <= highlight_source < n_src
+    ):
+        raise ValueError(
+            f"highlight_source must be a source position in 0..{n_src - 1}, "
+            f"got {highlight_source!r}"
+        )
+    rows = range(n_rows) if highlight_rows is None else list(highlight_rows)
+    if any(not isinstance(r, int | np.integer) or not 0 <= r < n_rows for r in rows):
+        raise ValueError(f"highlight_rows must be row indices in 0..{n_rows - 1}, got {rows!r}")
+    if not (isinstance(panel_size, int | float) and 0.3 <= panel_size <= 20):
+        raise ValueError(f"panel_size must be a width in inches in [0.3, 20], got {panel_size!r}")
     finite = values[np.isfinite(values)]
     if vmax is None:
         top = float(finite.max()) if finite.size else 1.0
         vmax = 1.0 if finite.size and finite.min() >= 0 and top <= 1 else top
-    fig, axes = plt.subplots(
-        n_rows,
-        n_cols,
-        squeeze=False,
-        sharex=True,
-        sharey=True,
-        figsize=(2.05 * n_cols + 1.0, 2.2 * n_rows + (0.5 if title else 0.2)),
-        layout="constrained",
-    )
+
+    # The layout, in inches: text heights come from the rcParams font sizes.
+    label, tick, big = (_font_inches(k) for k in ("axes.labelsize", "xtick.labelsize", "font.size"))
+    width, height = panel_size, panel_size * n_dest / n_src
+    n_lines = max(f"{r}\ndestination".strip().count("\n") + 1 for r in row_labels)
+    left = 0.2 + 2.4 * tick + 1.25 * label * n_lines
+    bottom = 0.15 + 1.5 * tick + 1.4 * label
+    top = 0.1 + 1.6 * label + (2.0 * big if title else 0.0)
+    gap_x, gap_y = 0.12, 0.12
+    bar_gap, bar_width = 0.15, 0.12
+    right = bar_gap + bar_width + 0.15 + 3.0 * tick + 1.5 * label
+    fig_w = left + n_cols * width + (n_cols - 1) * gap_x + right
+    fig_h = bottom + n_rows * height + (n_rows - 1) * gap_y + top
+    fig = plt.figure(figsize=(fig_w, fig_h))
     for i in range(n_rows):
         for j in range(n_cols):
-            ax = plot_attention(values[i, j], ax=axes[i, j], vmax=vmax, colorbar=False)
+            x0 = left + j * (width + gap_x)
+            y0 = fig_h - top - (i + 1) * height - i * gap_y
+            ax = fig.add_axes((x0 / fig_w, y0 / fig_h, width / fig_w, height / fig_h))
+            plot_attention(values[i, j], ax=ax, vmax=vmax, colorbar=False)
+            for axis, n in ((ax.xaxis, n_src), (ax.yaxis, n_dest)):  # small panels
+                axis.set_major_locator(_position_locator(n, _GRID_TICKS))
+            ax.tick_params(labelbottom=i == n_rows - 1, labelleft=j == 0)
             ax.set_title(col_labels[j] if i == 0 else "")
             ax.set_xlabel("source" if i == n_rows - 1 else "")
             ax.set_ylabel(f"{row_labels[i]}\ndestination".strip() if j == 0 else "")
-            for axis in (ax.xaxis, ax.yaxis):  # small panels: fewer position ticks
-                axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
-    fig.colorbar(axes[0, 0].images[0], ax=axes, label="attention", shrink=0.8)
+            if highlight_source is not None and i in rows:
+                ax.add_patch(
+                    Rectangle(
+                        (highlight_source - 0.5, -0.5),
+                        1.0,
+                        n_dest,
+                        fill=False,
+                        edgecolor=_NEGATIVE,
+                        linewidth=1.5,
+                        clip_on=False,
+                    )
+                )
+    grid_h = n_rows * height + (n_rows - 1) * gap_y
+    bar_x = left + n_cols * width + (n_cols - 1) * gap_x + bar_gap
+    bar_y = bottom + 0.1 * grid_h
+    cax = fig.add_axes((bar_x / fig_w, bar_y / fig_h, bar_width / fig_w, 0.8 * grid_h / fig_h))
+    fig.colorbar(fig.axes[0].images[0], cax=cax, label="attention")
     if title is not None:
-        fig.suptitle(title)
+        fig.suptitle(title, y=1.0 - 0.1 / fig_h, va="top")
     return fig
 
 
@@ -349,6 +466,8 @@ def plot_score_grid(
     center: SupportsFloat | None = None,
     limit: SupportsFloat | None = None,
     annotate: bool = True,
+    colorbar_label: str | None = None,
+    scale_labels: Mapping[SupportsFloat, str] | None = None,
 ) -> Axes:
     """A layer × head table of scores, each cell coloured and annotated with its value.
 
@@ -368,12 +487,18 @@ def plot_score_grid(
             deviation, so that figures share one scale (``limit=1`` for scores in
             ``[-1, 1]``).
         annotate: write each value in its cell.
+        colorbar_label: the colour bar's label (e.g. ``"OV eigenvalue score"``).
+        scale_labels: colour-bar ticks ``{value: text}`` that say what a value means, e.g.
+            ``{-1: "negates", 1: "copies"}`` (:data:`EIGENVALUE_SCALE_LABELS`); values
+            outside the scale are refused.
 
     Returns:
-        The axes: x label ``"head"``, y label ``"layer"``, layer 0 at the top.
+        The axes: x label ``"head"``, y label ``"layer"``, layer 0 at the top; the colour
+        bar is ``ax.images[0].colorbar``.
 
     Raises:
-        ValueError: ``scores`` is not 2-D or holds ±inf.
+        ValueError: ``scores`` is not 2-D or holds ±inf, or a ``scale_labels`` value lies
+            outside the colour scale.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
@@ -433,14 +558,83 @@ def plot_score_grid(
                 fontsize=8,
                 color="black" if luminance > 0.5 else "white",
             )
-    ax.set_xticks(range(n_heads))
-    ax.set_yticks(range(n_layers))
+    ax.xaxis.set_major_locator(_position_locator(n_heads, _MAX_TICKS))
+    ax.yaxis.set_major_locator(_position_locator(n_layers, _MAX_TICKS))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     if title is not None:
         ax.set_title(title)
-    ax.figure.colorbar(image, ax=ax, shrink=0.85)
+    bar = ax.figure.colorbar(image, ax=ax, shrink=0.85, label=colorbar_label)
+    if scale_labels is not None:
+        ticks = sorted((float(v), str(text)) for v, text in scale_labels.items())
+        outside = [v for v, _ in ticks if not vmin <= v <= vmax]
+        if outside:
+            raise ValueError(
+                f"scale_labels has values outside the colour scale [{vmin:g}, {vmax:g}]: {outside}"
+            )
+        bar.ax.yaxis.set_major_locator(FixedLocator([v for v, _ in ticks]))
+        bar.ax.yaxis.set_major_formatter(FixedFormatter([text for _, text in ticks]))
     return ax
+
+
+def plot_eigenvalue_scores(
+    scores: ArrayLike,
+    *,
+    circuit: str = "OV",
+    ax: Axes | None = None,
+    title: str | None = None,
+    fmt: str = ".2f",
+    annotate: bool = True,
+) -> Axes:
+    """Eigenvalue (copying) scores per layer and head on a fixed ``[-1, 1]`` scale whose
+    ends say what they mean: for OV, −1 "negates (OV ≈ −I)" and +1 "copies (OV ≈ +I)".
+
+    The score ``Re(Σλ) / Σ|λ|`` (:func:`~vecinterp.eigenvalue_scores`) lies in ``[-1, 1]``;
+    a fixed scale keeps figures of different models comparable. This is
+    :func:`plot_score_grid` with ``center=0, limit=1`` and the colour-bar labels of
+    :data:`EIGENVALUE_SCALE_LABELS`.
+
+    Args:
+        scores: ``[n_layers, n_heads]`` in ``[-1, 1]`` (NaN: no score).
+        circuit: ``"OV"`` or ``"QK"``, which circuit the scores are of (the labels).
+        ax: axes to draw on; a new figure when ``None``.
+        title: axes title; default ``"<circuit> eigenvalue scores"``.
+        fmt: format spec of the cell annotations.
+        annotate: write each value in its cell.
+
+    Returns:
+        The axes; the colour bar, ``ax.images[0].colorbar``, has ticks at −1, 0 and +1.
+
+    Raises:
+        ValueError: ``circuit`` is not ``"OV"`` or ``"QK"``, or as :func:`plot_score_grid`.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> from vecinterp.plot import plot_eigenvalue_scores
+        >>> ax = plot_eigenvalue_scores([[-0.9, 0.1], [0.5, 1.0]])
+        >>> bar = ax.images[0].colorbar
+        >>> [t.get_text().replace("\\n", " ") for t in bar.ax.get_yticklabels()]
+        ['−1: negates (OV ≈ −I)', '0', '+1: copies (OV ≈ +I)']
+        >>> ax.images[0].get_clim()
+        (-1.0, 1.0)
+        >>> plt.close(ax.figure)
+    """
+    if circuit not in EIGENVALUE_SCALE_LABELS:
+        raise ValueError(
+            f"circuit must be one of {sorted(EIGENVALUE_SCALE_LABELS)}, got {circuit!r}"
+        )
+    return plot_score_grid(
+        scores,
+        ax=ax,
+        title=f"{circuit} eigenvalue scores" if title is None else title,
+        fmt=fmt,
+        center=0.0,
+        limit=1.0,
+        annotate=annotate,
+        colorbar_label=f"{circuit} eigenvalue score",
+        scale_labels=EIGENVALUE_SCALE_LABELS[circuit],
+    )
 
 
 # --------------------------------------------------------------- attributions and fits
@@ -453,6 +647,8 @@ def plot_attribution(
     ax: Axes | None = None,
     title: str | None = None,
     ylabel: str = "direct attribution",
+    reference: Scalar | ArrayLike | None = None,
+    reference_label: str = "reference",
 ) -> Axes:
     """One bar per component (positive blue, negative red) with a line at zero.
 
@@ -462,12 +658,19 @@ def plot_attribution(
         ax: axes to draw on; a new figure when ``None``.
         title: axes title.
         ylabel: y-axis label.
+        reference: the value a claim states, drawn beside the bars: one number (a dashed
+            horizontal line across the axes, e.g. a paper's threshold) or ``[component]``
+            numbers (a dark tick over each bar; NaN: none for that component).
+        reference_label: the reference's legend entry.
 
     Returns:
-        The axes; ``ax.patches`` are the bars, in component order.
+        The axes; ``ax.patches`` are the bars, in component order. A one-number reference
+        is ``ax.lines[-1]``; per-component ones are ``ax.collections[-1]``, one horizontal
+        segment per finite value.
 
     Raises:
-        ValueError: ``values`` is not 1-D or ``labels`` has another length.
+        ValueError: ``values`` is not 1-D, ``labels`` or ``reference`` has another
+            length, or a one-number ``reference`` is not finite.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
@@ -500,6 +703,30 @@ def plot_attribution(
     ax.set_ylabel(ylabel)
     if title is not None:
         ax.set_title(title)
+    if reference is not None:
+        ref = _to_numpy(reference, "reference")
+        if ref.size == 1 and ref.ndim <= 1:
+            level = _reference_value(ref, "reference")
+            ax.axhline(
+                level, color=_REFERENCE, linestyle="--", linewidth=1.2,
+                label=f"{reference_label}: {level:.3g}",
+            )  # fmt: skip
+        else:
+            if ref.shape != heights.shape:
+                raise ValueError(
+                    f"reference must be one number or one per component ({heights.size}), "
+                    f"got shape {ref.shape}"
+                )
+            shown = np.isfinite(ref)
+            ax.hlines(
+                ref[shown],
+                positions[shown] - 0.4,
+                positions[shown] + 0.4,
+                color="black",
+                linewidth=2.0,
+                label=reference_label,
+            )
+        ax.legend(loc="best", fontsize="small")
     return ax
 
 
@@ -515,6 +742,8 @@ def plot_fit(
     xlabel: str = "x",
     ylabel: str = "y",
     max_points: int = 5000,
+    reference: Scalar | tuple[Scalar, Scalar] | None = None,
+    reference_label: str = "reference",
 ) -> Axes:
     """Scatter of ``(x, y)`` pairs with a fitted line ``y ≈ slope · x + intercept``.
 
@@ -536,13 +765,20 @@ def plot_fit(
         ylabel: y-axis label.
         max_points: at most this many points are drawn (a fixed random subset; the fit
             still uses all of them).
+        reference: the slope a claim states, as a dashed line ``y = reference · x``
+            through the origin, or a ``(low, high)`` range of slopes, as two dashed lines
+            with the wedge between them shaded (e.g. ``(2.1, 2.5)``, Bhargav & Gu 2024,
+            §4.4). The axes widen to show it.
+        reference_label: the reference's legend entry (its slope is appended).
 
     Returns:
-        The axes: ``ax.collections[0]`` the scatter, ``ax.lines[0]`` the line.
+        The axes: ``ax.collections[0]`` the scatter, ``ax.lines[0]`` the line; with a
+        reference, ``ax.lines[1]`` (and ``ax.lines[2]`` for a range) its line(s).
 
     Raises:
         ValueError: shapes differ, values are not finite, only one of ``slope`` and
-            ``intercept`` is given, or the line cannot be fitted (fewer than 2 distinct x).
+            ``intercept`` is given, the line cannot be fitted (fewer than 2 distinct x),
+            or ``reference`` is not one or two finite numbers.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
@@ -593,6 +829,20 @@ def plot_fit(
     if r2_value is not None:
         label += f" (R² = {r2_value:.4f})"
     ax.plot(ends, fit_slope * ends + fit_intercept, color="black", linewidth=1.5, label=label)
+    if reference is not None:
+        slopes = _to_numpy(reference, "reference").ravel()
+        if slopes.size not in (1, 2) or not np.isfinite(slopes).all():
+            raise ValueError(
+                f"reference must be a slope or a (low, high) pair of finite slopes, got "
+                f"{reference!r}"
+            )
+        lo, hi = float(slopes.min()), float(slopes.max())
+        text = f"{lo:.3g}" if slopes.size == 1 else f"{lo:.3g}–{hi:.3g}"
+        style: dict[str, Any] = dict(color=_REFERENCE, linestyle="--", linewidth=1.2)
+        ax.plot(ends, slopes[0] * ends, label=f"{reference_label}: slope {text}", **style)
+        if slopes.size == 2:
+            ax.plot(ends, slopes[1] * ends, **style)
+            ax.fill_between(ends, lo * ends, hi * ends, color=_REFERENCE, alpha=0.12, linewidth=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title is not None:
@@ -613,6 +863,8 @@ def plot_loss(
     ax: Axes | None = None,
     title: str | None = None,
     log: bool = True,
+    reference: Scalar | None = None,
+    reference_label: str = "reference",
 ) -> Axes:
     """Training (and evaluation) loss against step, on a log y scale by default.
 
@@ -626,14 +878,18 @@ def plot_loss(
         ax: axes to draw on; a new figure when ``None``.
         title: axes title.
         log: log-scale y axis (non-positive losses are then not drawn).
+        reference: a loss a claim states (e.g. the paper's MSE, 1e-4), drawn as a dashed
+            horizontal line.
+        reference_label: the reference's legend entry (its value is appended).
 
     Returns:
         The axes: ``ax.lines[0]`` the training curve, ``ax.lines[1]`` the evaluation curve
-        (if any).
+        (if any), then the reference line (if any).
 
     Raises:
-        ValueError: lengths differ, an array is not 1-D, or a history is combined with
-            explicit losses.
+        ValueError: lengths differ, an array is not 1-D, a history is combined with
+            explicit losses, or ``reference`` is not a finite number (positive on a log
+            scale).
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
@@ -671,6 +927,14 @@ def plot_loss(
                 f"got shapes {x_values.shape} and {y_values.shape}"
             )
         ax.plot(x_values, y_values, label=name, **style)
+    if reference is not None:
+        level = _reference_value(reference, "reference")
+        if log and level <= 0:
+            raise ValueError(f"reference must be positive on a log scale, got {level}")
+        ax.axhline(
+            level, color=_REFERENCE, linestyle="--", linewidth=1.2,
+            label=f"{reference_label}: {level:.3g}",
+        )  # fmt: skip
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -828,3 +1092,116 @@ def plot_emergence(
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small")
     return ax
+
+
+# ------------------------------------------------------------------ notes and saving
+
+_NOTE_PLACES = {
+    "upper left": (0.02, 0.98, "left", "top"),
+    "upper center": (0.5, 0.98, "center", "top"),
+    "upper right": (0.98, 0.98, "right", "top"),
+    "lower left": (0.02, 0.02, "left", "bottom"),
+    "lower center": (0.5, 0.02, "center", "bottom"),
+    "lower right": (0.98, 0.02, "right", "bottom"),
+}
+
+
+def add_note(
+    ax: Axes, text: str, *, loc: str = "upper left", fontsize: int | float | str = "small"
+) -> Text:
+    """Write a short statement into a corner of ``ax``, in a light box: what the paper
+    claims beside what the figure shows (e.g. ``"paper: slope 2.1–2.5\\nours: 0.42"``).
+
+    The box sits in axes coordinates, so it stays put when the data limits change, and
+    above the data (a white, slightly transparent background).
+
+    Args:
+        ax: the axes to write in.
+        text: the note; ``"\\n"`` breaks lines.
+        loc: ``"upper left"``, ``"upper center"``, ``"upper right"``, ``"lower left"``,
+            ``"lower center"`` or ``"lower right"``.
+        fontsize: a size in points or a relative name (``"small"``: 0.83 of the font size).
+
+    Returns:
+        The ``Text``, also the last of ``ax.texts``.
+
+    Raises:
+        TypeError: ``ax`` is not an Axes or ``text`` not a string.
+        ValueError: ``loc`` is not one of the places above.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> from vecinterp.plot import add_note, plot_loss
+        >>> ax = plot_loss([0, 1, 2], [1.0, 0.1, 0.01], reference=1e-4, reference_label="paper")
+        >>> note = add_note(ax, "paper: 1e-4\\nours: 9.2e-5", loc="upper right")
+        >>> note.get_text().splitlines(), note.get_position()
+        (['paper: 1e-4', 'ours: 9.2e-5'], (0.98, 0.98))
+        >>> plt.close(ax.figure)
+    """
+    if not isinstance(ax, Axes):
+        raise TypeError(f"ax must be a matplotlib Axes, got {type(ax).__name__}")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a string, got {type(text).__name__}")
+    if loc not in _NOTE_PLACES:
+        raise ValueError(f"loc must be one of {list(_NOTE_PLACES)}, got {loc!r}")
+    x, y, ha, va = _NOTE_PLACES[loc]
+    box = dict(boxstyle="round,pad=0.3", facecolor="white", edgecolor="0.6", alpha=0.85)
+    return ax.text(
+        x,
+        y,
+        text,
+        transform=ax.transAxes,
+        ha=ha,
+        va=va,
+        multialignment="left",
+        fontsize=fontsize,
+        bbox=box,
+        zorder=5,
+    )
+
+
+def save_figure(
+    fig: Figure | Axes, path: str | os.PathLike[str], *, dpi: int | float = 100, close: bool = True
+) -> Path:
+    """Write a figure to ``path`` (the format from its suffix, e.g. ``.png``) and close it.
+
+    Closing matters in scripts that draw many figures: pyplot keeps every open figure
+    alive, and each one slows the next. The default of 100 dpi keeps the text legible:
+    vecinterp's figures size text in points (8 pt and up, 11 px at 100 dpi; at 60 dpi it
+    would be 7 px). For a smaller image, make the figure smaller (``figsize``,
+    ``panel_size``) rather than the dpi lower; rendering at 100 dpi costs about as much as
+    at 60 (the time goes into laying out text, not into pixels).
+
+    Args:
+        fig: the figure, or an axes of it (as the ``plot_*`` functions return).
+        path: the file to write; its folder must exist.
+        dpi: dots per inch.
+        close: close the figure afterwards (``plt.close``).
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+
+    Raises:
+        TypeError: ``fig`` is neither a Figure nor an Axes.
+        ValueError: ``dpi`` is not a positive finite number.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import tempfile
+        >>> from vecinterp.plot import plot_loss, save_figure
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = save_figure(plot_loss([0, 1], [1.0, 0.5]), f"{d}/loss.png")
+        ...     path.name, path.stat().st_size > 0
+        ('loss.png', True)
+    """
+    figure = fig.figure if isinstance(fig, Axes) else fig
+    if not isinstance(figure, Figure):
+        raise TypeError(f"fig must be a matplotlib Figure or Axes, got {type(fig).__name__}")
+    if isinstance(dpi, bool) or not isinstance(dpi, int | float) or not 0 < dpi < math.inf:
+        raise ValueError(f"dpi must be a positive finite number, got {dpi!r}")
+    target = Path(path)
+    figure.savefig(target, dpi=dpi)
+    if close:
+        plt.close(figure)
+    return target
