@@ -76,7 +76,7 @@ _REFERENCE = "0.35"  # the colour of a claim's reference line: dark grey, dashed
 _MAX_TICKS = 16  # label every position up to this many; beyond, every 2nd, 5th, 10th, ...
 _GRID_TICKS = 4  # at most this many position ticks per axis of a grid panel
 
-EIGENVALUE_SCALE_LABELS: dict[str, dict[float, str]] = {
+EIGENVALUE_SCALE_LABELS: dict[str, dict[SupportsFloat, str]] = {
     "OV": {-1.0: "−1: negates\n(OV ≈ −I)", 0.0: "0", 1.0: "+1: copies\n(OV ≈ +I)"},
     "QK": {
         -1.0: "−1: opposite\ndirection (QK ≈ −I)",
