@@ -1,25 +1,25 @@
-"""The affine-recurrence example runs end to end (``--fast``) and explains a missing checkpoint."""
+"""The affine-recurrence example: runs end to end (``--fast``, several checkpoints), explains
+a missing checkpoint, resolves reference names from any directory, and the shipped model's
+figures are the ones the docs show (tutorial and replication page)."""
 
+import contextlib
 import importlib.util
-import math
+import io
+import json
 import re
+import struct
 from pathlib import Path
 
 import pytest
 
+import vecinterp as vi
+from vecinterp.tasks import affine_claims as ac
+from vecinterp.tasks import affine_recurrence as ar
+
 pytest.importorskip("matplotlib")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "affine_recurrence.py"
-FIGURES = (
-    "attention_alternating.png",
-    "attention_non_alternating.png",
-    "attribution.png",
-    "mlp_attribution.png",
-    "ov_linearity.png",
-    "eigenvalue_scores.png",
-    "residual_vs_target.png",
-    "loss.png",
-)
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "affine_recurrence.py"
 VERDICTS = ("holds", "partly", "does not hold")
 NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
 
@@ -31,52 +31,86 @@ def _example():
     return module
 
 
+def _run(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        results = _example().main(argv)
+    return results, out.getvalue()
+
+
 @pytest.fixture(scope="module")
 def fast_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("affine_fast")
-    rows = _example().main(["--fast", "--train", "--no-progress", "--out", str(out)])
-    return out, rows
+    results, printed = _run(["--fast", "--no-progress", "--out", str(out)])
+    return out, results, printed
 
 
-def test_fast_run_writes_a_13_row_report(fast_run):
-    out, _ = fast_run
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_the_example_stays_a_short_script():
+    assert len(EXAMPLE.read_text().splitlines()) <= 200
+
+
+def test_fast_run_prints_a_line_per_analysis_then_the_table(fast_run):
+    _, results, printed = fast_run
+    lines = printed.splitlines()
+    timed = [line for line in lines if re.search(r"\d+\.\d s   \(elapsed \d+\.\d s\)$", line)]
+    assert [line.split()[0] for line in timed[:-1]] == [
+        label.split()[0] for label in results[0].timings
+    ]
+    assert timed[-1].split()[0] == "figures"
+    for number in range(1, 14):
+        assert any(line.startswith(f"{number:>2}  ") for line in lines), number
+    assert lines[-1].startswith("wall time: ")
+
+
+def test_fast_run_writes_the_report_with_one_column_per_model(fast_run):
+    out, results, _ = fast_run
     report = (out / "report.md").read_text()
-    table = [line for line in report.splitlines() if re.match(r"\| \d+ \|", line)]
-    assert [int(line.split("|")[1]) for line in table] == list(range(1, 14))
-    for line in table:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert len(cells) == 5, line
-        ours, verdict = cells[3], cells[4]
+    assert "| # | claim | paper | trained |" in report
+    table = report.split("## Claims on trained, every reading")[1]
+    rows = [line for line in table.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(line.split("|")[1]) for line in rows] == list(range(1, 14))
+    for line in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]
+        assert len(cells) == 6, line
+        ours, verdict = cells[3], cells[5]
         assert NUMBER.search(ours), f"no number in the 'ours' cell: {line}"
         assert "nan" not in ours.lower() and "inf" not in ours.lower(), line
         assert verdict in VERDICTS, line
-    for name in FIGURES:
-        assert f"]({name})" in report, f"report.md does not link {name}"
+    for c in results[0].claims:
+        assert c.basis in report
+    values = json.loads((out / "values_trained.json").read_text())
+    assert ac.judge_claims(values) == results[0].claims
 
 
-def test_fast_run_writes_every_figure(fast_run):
-    out, _ = fast_run
-    for name in FIGURES:
-        path = out / name
+def test_fast_run_writes_every_figure_legibly(fast_run):
+    out, _, _ = fast_run
+    report = (out / "report.md").read_text()
+    for name in ac.FIGURES:
+        path = out / f"{name}.png"
         assert path.is_file(), f"{name} missing"
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+        width, height = _png_size(path)
+        assert width >= 500 and height >= 300, (name, width, height)  # not a thumbnail
+        assert f"]({name}.png)" in report, f"report.md does not link {name}"
 
 
-def test_fast_run_values_are_finite_and_verdicts_follow_thresholds(fast_run):
-    _, rows = fast_run
-    assert len(rows) == 13
-    for row in rows:
-        assert math.isfinite(row["value"]), row
-    # claim 1 is decided by the eval MSE against the explicit thresholds
-    mse, limits = rows[0]["value"], _example().THRESHOLDS
-    expected = (
-        "holds"
-        if mse <= limits["eval_mse_holds"]
-        else "partly"
-        if mse <= limits["eval_mse_partly"]
-        else "does not hold"
-    )
-    assert rows[0]["verdict"] == expected
+def test_several_checkpoints_give_one_column_each(tmp_path):
+    model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(**_example().FAST_CONFIG), seed=3)
+    vi.save(model, tmp_path / "tiny")
+    out = tmp_path / "out"
+    argv = ["--checkpoint", str(tmp_path / "tiny"), str(tmp_path / "tiny"), "--no-figures"]
+    results, printed = _run([*argv, "--out", str(out)])
+    assert len(results) == 2 and results[0].claims == results[1].claims
+    report = (out / "report.md").read_text()
+    assert "| # | claim | paper | tiny_0 | tiny_1 |" in report
+    assert "| # | claim | paper | tiny_0 | tiny_1 |" in printed
+    assert (out / "values_tiny_0.json").is_file() and (out / "values_tiny_1.json").is_file()
+    assert not list(out.glob("*.png"))
 
 
 def test_missing_checkpoint_says_how_to_get_one(tmp_path):
@@ -87,27 +121,54 @@ def test_missing_checkpoint_says_how_to_get_one(tmp_path):
     assert str(missing) in message
     assert "examples/train_affine.py" in message
     assert "--train" in message
+    assert "fast" in message  # the reference names
     assert not (tmp_path / "out").exists()
 
 
-def test_checkerboard_contrast_hand_worked():
-    torch = pytest.importorskip("torch")
-    ex = _example()
-    n = 5
-    # every row d >= 2 puts all its weight on d - 2 (same parity): a perfect checkerboard
-    perfect = torch.zeros(1, 1, n, n)
-    perfect[0, 0, 0, 0] = perfect[0, 0, 1, 0] = 1
-    for d in range(2, n):
-        perfect[0, 0, d, d - 2] = 1
-    assert ex.checkerboard_contrast(perfect).tolist() == [1.0]
-    # previous position only: all weight on the other parity
-    prev = torch.zeros(1, 1, n, n)
-    prev[0, 0, 0, 0] = 1
-    for d in range(1, n):
-        prev[0, 0, d, d - 1] = 1
-    assert ex.checkerboard_contrast(prev).tolist() == [-1.0]
-    # uniform over earlier positions: no parity preference
-    uniform = torch.zeros(1, 1, n, n)
-    for d in range(n):
-        uniform[0, 0, d, : max(d, 1)] = 1 / max(d, 1)
-    assert ex.checkerboard_contrast(uniform).abs().max().item() < 1e-7
+def test_reference_names_resolve_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, history, source = _example().load_model("fast")
+    assert model.cfg == vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS)
+    assert history is not None and len(history["train_loss"]) == len(history["steps"]) > 1000
+    assert "fast" in source
+
+
+# --------------------------------------------------- the shipped model, as the docs show it
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ac.measure_claims(ar.load_reference("fast"))
+
+
+def _list_table_rows(text: str, after: str) -> list[list[str]]:
+    """The rows of the first ``list-table`` after ``after`` in an rst page."""
+    block = text.split(after, 1)[1].split(".. list-table::", 1)[1]
+    rows: list[list[str]] = []
+    for line in block.splitlines()[1:]:
+        if line.startswith("   * - "):
+            rows.append([line[7:].strip()])
+        elif line.startswith("     - ") or line.rstrip() == "     -":
+            rows[-1].append(line[7:].strip())
+        elif line and not line.startswith(" "):
+            break
+    return rows
+
+
+def test_replication_page_shows_the_reference_model_figures(reference):
+    page = (ROOT / "docs" / "replication_affine.rst").read_text()
+    rows = _list_table_rows(page, "Robustness across models")
+    header, body = rows[0], rows[1:]
+    column = header.index("fast (shipped)")
+    expected = ac.robustness_table([reference], ["fast (shipped)"], fmt="rst")
+    expected_rows = _list_table_rows("x\n" + expected, "x")
+    assert len(body) == len(expected_rows) - 1
+    for row, want in zip(body, expected_rows[1:], strict=True):
+        assert row[:3] == want[:3] and row[column] == want[3], (row, want)
+
+
+def test_tutorial_claims_table_is_the_reference_model(reference):
+    page = (ROOT / "docs" / "tutorial.rst").read_text()
+    rows = _list_table_rows(page, "All the claims\n")
+    expected = _list_table_rows("x\n" + ac.claims_table(reference, fmt="rst"), "x")
+    assert rows == expected

@@ -56,7 +56,7 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
     rows = [f"layer {ell}" for ell in range(n_layers)]
     rows[:3] = [
         "layer 0\npaper: previous\nposition",
-        "layer 1\npaper: position 1",
+        "layer 1\npaper: position 1\n(outlined)",
         "layer 2\npaper: checker-\nboard if c<0",
     ]
     kinds = (("alternating", batch.alternating), ("non_alternating", ~batch.alternating))
@@ -67,6 +67,8 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
             row_labels=rows,
             col_labels=[f"head {h}" for h in range(n_heads)],
             title=f"attention, {name.replace('_', '-')} sequence (c = {float(batch.c[idx]):+.2f})",
+            highlight_source=1,
+            highlight_rows=[1],
         )
 
     labels, values = d["attribution"]
@@ -112,11 +114,11 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
     panels = (
-        (d["ov_example"], "d_model: a residual vector", "paper: R² 0.83, slope 2.1-2.5"),
-        (d["ov_random_example"], "d_model: a random vector", "paper: R² 0.60"),
-        (d["full_ov_example"], "input→output: W_E ΣOV W_U", "paper's slope 2.3"),
+        (d["ov_example"], "d_model: a residual vector", "paper (R² 0.83)", "x_d", "(x OV)_d"),
+        (d["ov_random_example"], "d_model: a random vector", "paper (R² 0.60)", "x_d", "(x OV)_d"),
+        (d["full_ov_example"], "input→output: W_E ΣOV W_U", "paper", "a_i", "(a W_E ΣOV W_U)_i"),
     )
-    for ax, ((x, y), title, ref) in zip(axes, panels, strict=True):
+    for ax, ((x, y), title, ref, xlabel, ylabel) in zip(axes, panels, strict=True):
         fit = fit_line(x, y)
         plot.plot_fit(
             x,
@@ -126,27 +128,22 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
             r2=float(fit.r2),
             ax=ax,
             title=f"layer-0 OV, {title}",
-            xlabel="x_d",
-            ylabel="(x OV)_d",
+            xlabel=xlabel,
+            ylabel=ylabel,
+            reference=(2.1, 2.5),
+            reference_label=ref,
         )
-        lim = float(x.abs().max())
-        ax.plot(
-            [-lim, lim], [-PAPER_ALPHA * lim, PAPER_ALPHA * lim], "--", color="tab:red", label=ref
-        )
-        ax.set_ylim(*_padded(y, 0.1))
         ax.legend(fontsize=8, loc="upper left")
     figs["ov_linearity"] = fig
 
     ov, qk = d["eigen"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-    for ax, scores, title in (
-        (axes[0], ov, "OV eigenvalue scores (paper: layer 2 < 0)"),
-        (axes[1], qk, "QK eigenvalue scores (paper: layer 2 ~ +I)"),
-    ):
-        plot.plot_score_grid(scores, ax=ax, title=title, center=0.0, limit=1.0)
-        bar = ax.images[0].colorbar
-        if bar is not None:
-            bar.set_ticks([-1, 0, 1], labels=["-1: -I (negative copy)", "0", "+1: +I (copy)"])
+    plot.plot_eigenvalue_scores(
+        ov, circuit="OV", ax=axes[0], title="OV eigenvalue scores (paper: layer 2 < 0)"
+    )
+    plot.plot_eigenvalue_scores(
+        qk, circuit="QK", ax=axes[1], title="QK eigenvalue scores (paper: layer 2 ~ +I)"
+    )
     figs["eigenvalue_scores"] = fig
 
     heads_mse, base = d["ablation"]
@@ -186,7 +183,11 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
         )
         paper = batch.inputs[idx, last] + PAPER_ALPHA * batch.inputs[idx, last - 1]
         ax.plot(paper.tolist(), color="tab:green", lw=1, label="paper: a_n + 2.3 a_{n-1}")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+        legend = ax.get_legend()
+        if legend is not None:
+            legend.remove()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=3, frameon=False)
     figs["residual_vs_target"] = fig
 
     if history is not None and history.get("steps"):
@@ -198,14 +199,8 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
             eval_losses=history["eval_loss"],
             ax=ax,
             title="training loss (claim 1)",
+            reference=1e-4,
+            reference_label="paper",
         )
-        ax.axhline(1e-4, color="tab:red", ls="--", lw=1, label="paper: 1e-4")
-        ax.legend(fontsize=8)
         figs["loss"] = fig
     return figs
-
-
-def _padded(y: torch.Tensor, frac: float) -> tuple[float, float]:
-    lo, hi = float(y.min()), float(y.max())
-    pad = frac * (hi - lo or 1.0)
-    return lo - pad, hi + pad
