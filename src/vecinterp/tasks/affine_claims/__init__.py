@@ -33,24 +33,34 @@ its own unablated MSE. The model's LayerNorms and value biases are folded first
 (:func:`~vecinterp.process_weights`), as the paper did (§4.1); outputs are unchanged.
 """
 
+from . import results as _results
 from .figures import claim_figures
 from .judge import judge_claims
 from .measure import checkerboard_contrast, measure_claims
 from .report import claims_report, claims_table, robustness_table
-from .results import (
-    CLAIMS,
-    FIGURES,
-    HOLDS,
-    NO,
-    PAPER_ALPHA,
-    PAPER_QK_HEADS,
-    PARTLY,
-    THRESHOLDS,
-    VERDICTS,
-    Claim,
-    ClaimsResult,
-    Reading,
-)
+from .results import Claim, ClaimsResult, Reading
+
+# The constants live in .results; bound here again with their docstrings, which is where
+# the API reference (autodata on this package) reads them.
+HOLDS = _results.HOLDS
+"""Verdict: the primary reading meets the paper's figure (by :data:`THRESHOLDS`)."""
+PARTLY = _results.PARTLY
+"""Verdict: part of the claim, or a weaker form of its figure, holds."""
+NO = _results.NO
+"""Verdict: the primary reading contradicts the claim."""
+VERDICTS = _results.VERDICTS
+"""The three verdicts, best first."""
+PAPER_QK_HEADS = _results.PAPER_QK_HEADS
+"""The layer-2 heads whose QK circuits the paper replaced by a pseudoinverse (§4.6)."""
+PAPER_ALPHA = _results.PAPER_ALPHA
+"""The paper's layer-0 scale ``α`` (§4.4: slope 2.1–2.5; §4.8, Figure 17: ``a_n + 2.3 a_{n-1}``)."""
+CLAIMS = _results.CLAIMS
+"""``number -> (claim, the paper's figure)`` for the thirteen claims of the paper's §4."""
+THRESHOLDS = _results.THRESHOLDS
+"""Every verdict is computed from these numbers (the comments give the claim)."""
+FIGURES = _results.FIGURES
+"""The names of the figures :func:`~vecinterp.tasks.affine_claims.claim_figures` makes, in
+order (``loss`` only with a training history)."""
 
 __all__ = [
     "CLAIMS",
