@@ -384,9 +384,8 @@ def test_cache_unknown_short_name(cache):
 
 @pytest.mark.parametrize("layer", [2, 5, -3])
 def test_cache_layer_out_of_range(cache, layer):
-    with pytest.raises(
-        ValueError, match=re.escape(f"layer must be an int in [-2, 1], got {layer}")
-    ):
+    expected = f"layer {layer} out of range for a 2-layer model; use 0..1 or -2..-1"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         cache["pattern", layer]
 
 
