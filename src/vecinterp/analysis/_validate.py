@@ -11,10 +11,11 @@ from ..model.validation import check_input
 HeadSpec = tuple[int, int]
 
 
-def check_model(model: object) -> HookedVectorTransformer:
-    """``model`` if it is a :class:`HookedVectorTransformer`, else ``TypeError``."""
+def check_model(model: object, name: str = "model") -> HookedVectorTransformer:
+    """``model`` if it is a :class:`HookedVectorTransformer`, else ``TypeError`` naming the
+    argument ``name``."""
     if not isinstance(model, HookedVectorTransformer):
-        raise TypeError(f"expected a HookedVectorTransformer, got {type(model).__name__}")
+        raise TypeError(f"{name}: expected a HookedVectorTransformer, got {type(model).__name__}")
     return model
 
 

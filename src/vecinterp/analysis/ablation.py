@@ -46,7 +46,7 @@ from ..cache import act_name
 from ..hooks import HookFn, HookPoint, NameFilter
 from ..loss import loss_positions, masked_mse
 from ..model import HookedVectorTransformer
-from ..model.validation import check_finite, check_input
+from ..model.validation import check_finite, check_input, check_seed
 from ._validate import check_head, check_heads, check_layer, check_model, check_population
 
 __all__ = [
@@ -322,6 +322,7 @@ def _replacements(
     """What replaces each named activation: nothing (zero), the mean ``[pos_pop, ...]``
     or the resample source's activation ``[batch, pos, ...]``."""
     batch, n_pos, _ = x.shape
+    seed = check_seed("seed", seed)
     if kind == "zero":
         return dict.fromkeys(names)
     if kind == "mean":
@@ -363,7 +364,8 @@ def _replacements(
                 f"least {batch}, got {population.shape[0]}"
             )
         pop = check_population(model, population, n_pos)
-        order = torch.randperm(pop.shape[0], generator=torch.Generator().manual_seed(seed))
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.randperm(pop.shape[0], generator=gen)
         source = pop[order[:batch].to(pop.device), :n_pos]
     else:
         raise ValueError(

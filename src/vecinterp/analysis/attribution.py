@@ -31,7 +31,7 @@ from jaxtyping import Bool, Float
 from ..cache import ActivationCache
 from ..model import HookedVectorTransformer
 from ..model.components import TransformerBlock
-from ..model.validation import check_input
+from ..model.validation import check_bool, check_finite, check_input
 from ._validate import check_model
 
 COMPONENTS = ("all", "layers", "heads")
@@ -262,8 +262,8 @@ def next_vector_targets(
         model: the model; its ``d_in`` must equal its ``d_out`` (targets are read-out
             directions, so they must live in the input space too).
         x: the model's inputs ``[batch, pos, d_in]``.
-        final: the vector following ``x[:, -1]``, ``[batch, d_in]``, or ``None``.
-        minus_current: return ``x_{p+1} − x_p`` instead of ``x_{p+1}``.
+        final: the vector following ``x[:, -1]``, ``[batch, d_in]`` (finite), or ``None``.
+        minus_current: return ``x_{p+1} − x_p`` instead of ``x_{p+1}`` (a bool).
 
     Returns:
         ``[batch, pos − 1, d_out]`` (``final=None``) or ``[batch, pos, d_out]``.
@@ -282,6 +282,7 @@ def next_vector_targets(
         tensor([[[1.], [2.], [4.]]])
     """
     model = check_model(model)
+    check_bool("minus_current", minus_current)
     cfg = model.cfg
     if cfg.d_in != cfg.d_out:
         raise ValueError(
@@ -303,6 +304,9 @@ def next_vector_targets(
                 f"final must have shape [batch, d_in]={(x.shape[0], cfg.d_in)}, "
                 f"got {tuple(final.shape)}"
             )
+        if not final.is_floating_point():
+            raise TypeError(f"final must be a floating-point tensor, got {final.dtype}")
+        check_finite("final", final)
         nxt, cur = torch.cat([x[:, 1:], final.to(x)[:, None]], dim=1), x
     return nxt - cur if minus_current else nxt.clone()
 

@@ -22,6 +22,7 @@ from jaxtyping import Float
 
 from ..cache import ActivationCache
 from ..model import HookedVectorTransformer
+from ..model.validation import check_finite, check_finite_number, check_float_dtype, check_seed
 from ._validate import check_model
 
 Patterns = (
@@ -104,7 +105,8 @@ def pattern_score(patterns: Patterns, target: torch.Tensor) -> Scores:
     Args:
         patterns: ``[batch, n_heads, dest_pos, src_pos]`` (one layer), ``[n_layers,
             batch, n_heads, dest_pos, src_pos]``, or an :class:`~vecinterp.ActivationCache`
-            holding ``hook_pattern`` of every layer.
+            holding ``hook_pattern`` of every layer. NaN or inf is refused (``ValueError``
+            naming the first bad index), here and in every score below.
         target: ``[dest_pos, src_pos]`` or ``[batch, dest_pos, src_pos]``, real weights
             (usually 0/1) or booleans.
 
@@ -242,7 +244,7 @@ def detect_heads(
         kind: ``"previous_position"``, ``"position_k"`` (needs ``k``), ``"induction"``
             (period ``m``, default half the positions) or ``"pattern"`` (needs
             ``target``, see :func:`pattern_score`).
-        threshold: the minimum score.
+        threshold: the minimum score, a finite number.
         k: the position for ``"position_k"``.
         m: the period for ``"induction"``.
         target: the map for ``"pattern"``.
@@ -263,8 +265,7 @@ def detect_heads(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-        raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
+    check_finite_number("threshold", threshold)  # NaN would select no head, silently
     scorers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "previous_position": previous_position_score,
         "position_k": lambda A: position_k_score(A, _needed(k, "k", kind)),
@@ -308,9 +309,12 @@ def repeated_random_vectors(
     """
     for name, value in (("batch", batch), ("m", m), ("d_in", d_in), ("repeats", repeats)):
         _check_positive(name, value)
+    check_float_dtype("dtype", dtype)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(seed)
+    if generator is None:
+        generator = torch.Generator().manual_seed(check_seed("seed", seed))
+    gen = generator
     r = torch.randn(batch, m, d_in, generator=gen, dtype=torch.float64)
     r = r / r.norm(dim=-1, keepdim=True)
     return r.repeat(1, repeats, 1).to(dtype=dtype, device=device)
@@ -333,6 +337,10 @@ def _stack_patterns(patterns: object) -> torch.Tensor:
             "patterns must have shape [batch, n_heads, dest_pos, src_pos] or [n_layers, batch, "
             f"n_heads, dest_pos, src_pos] with dest_pos == src_pos, got {tuple(A.shape)}"
         )
+    if not A.is_floating_point():
+        raise TypeError(f"patterns must be a floating-point tensor, got {A.dtype}")
+    # a NaN pattern (a model with a NaN weight, or an edited cache) would score NaN
+    check_finite("patterns", A)
     return A
 
 

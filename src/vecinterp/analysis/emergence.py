@@ -357,7 +357,15 @@ def _checkpoint_list(checkpoints: object) -> list[tuple[int, Any]]:
                 step, model = item
                 if isinstance(step, bool) or not isinstance(step, int):
                     raise TypeError(f"a (step, model) pair needs an int step, got {step!r}")
-                items.append((step, check_model(model)))
+                items.append(
+                    (
+                        step,
+                        check_model(
+                            model,
+                            f"checkpoints[{len(items)}][1], the model of a (step, model) pair",
+                        ),
+                    )
+                )
             else:
                 raise TypeError(
                     "each checkpoint must be a path or a (step, model) pair, got "

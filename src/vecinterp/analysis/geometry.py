@@ -14,6 +14,7 @@ from ..cache import ActivationCache
 from ..model import HookedVectorTransformer
 from ..model.components import Norm, TransformerBlock
 from ..model.contract import contract
+from ..model.validation import check_finite
 from ._validate import check_layer, check_model
 
 _UNEMBED = "batch pos d_model, d_model d_out -> batch pos d_out"
@@ -85,6 +86,10 @@ def fit_line(x: Float[torch.Tensor, "*#fit n"], y: Float[torch.Tensor, "*#fit n"
         x: ``[*fit, n]`` abscissae (at least 2 distinct values per fit).
         y: ``[*fit, n]`` ordinates.
 
+    Both must be finite floating-point tensors (``TypeError`` for a list or an integer
+    tensor: convert with ``torch.as_tensor(x, dtype=torch.float64)``; ``ValueError``
+    naming the first NaN/inf, which would make every number of its fit NaN).
+
     Example:
         >>> import torch
         >>> from vecinterp.analysis.geometry import fit_line
@@ -93,6 +98,17 @@ def fit_line(x: Float[torch.Tensor, "*#fit n"], y: Float[torch.Tensor, "*#fit n"
         >>> fit.slope.item(), fit.intercept.item(), fit.r2.item()
         (2.0, 1.0, 1.0)
     """
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a floating-point tensor [*fit, n], got {type(t).__name__}; "
+                f"use torch.as_tensor({name}, dtype=torch.float64)"
+            )
+        if not t.is_floating_point():
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got {t.dtype}; use {name}.double()"
+            )
+        check_finite(name, t)
     if x.shape[-1] != y.shape[-1] or x.shape[-1] < 2:
         raise ValueError(
             f"x and y need the same number (>= 2) of points on their last axis, "
@@ -235,7 +251,10 @@ def fraction_outside_embedding(
 
     — a ratio of norms, as in the paper; ``squared=True`` gives the ratio of squared
     norms (the share of ``‖v‖²``), which is additive: inside and outside shares sum to 1.
-    A zero vector gives NaN.
+    A zero vector has no direction and its ratio is 0/0: it is refused (``ValueError``
+    naming its index in ``vectors``) rather than returned as NaN, which would turn any
+    mean over the result into NaN; drop such vectors first
+    (``vectors[vectors.norm(dim=-1) > 0]``).
 
     Args:
         vectors: ``[*vec, d_model]`` vectors (any leading axes), e.g. ``x @ OV``.
@@ -268,8 +287,19 @@ def fraction_outside_embedding(
     with torch.no_grad():
         _, sing, Vh = torch.linalg.svd(W_E, full_matrices=False)
         basis = Vh[sing > rtol * sing.max()] if bool(sing.max() > 0) else Vh[:0]
+        norm = v.norm(dim=-1)
+        if not bool((norm > 0).all()):
+            where = (
+                f"holds a zero vector (first at index {(norm == 0).nonzero()[0].tolist()})"
+                if norm.ndim
+                else "is the zero vector"
+            )
+            raise ValueError(
+                f"vectors {where}: its fraction outside the embedding space is 0/0, "
+                "undefined; drop zero vectors first, e.g. vectors[vectors.norm(dim=-1) > 0]"
+            )
         outside = v - (v @ basis.T) @ basis
-        ratio = outside.norm(dim=-1) / v.norm(dim=-1)
+        ratio = outside.norm(dim=-1) / norm
     return ratio.square() if squared else ratio
 
 

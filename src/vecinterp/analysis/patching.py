@@ -22,7 +22,7 @@ from ..cache import act_name
 from ..hooks import HookFn, HookPoint
 from ..model import HookedVectorTransformer
 from ..model.processing import _copy
-from ..model.validation import check_input
+from ..model.validation import check_bool, check_finite_number, check_input, check_seed
 from ._validate import check_head, check_layer, check_model
 
 _HEAD_LEAVES = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z", "hook_result")
@@ -414,9 +414,10 @@ def patch_qk_identity(
         model: the model (not modified).
         layer: the layer (negative counts from the end).
         heads: a head index, an iterable of them, or ``"all"``.
-        seed: seed of the random ``Q``.
-        scale: multiplies the projection (``W_Q <- scale * Q``); the paper's is 1.
-        zero_biases: also set ``b_Q`` and ``b_K`` of the patched heads to zero.
+        seed: seed of the random ``Q`` (an int).
+        scale: multiplies the projection (``W_Q <- scale * Q``), a finite number; the
+            paper's is 1.
+        zero_biases: also set ``b_Q`` and ``b_K`` of the patched heads to zero (a bool).
 
     Returns:
         A new model.
@@ -452,9 +453,9 @@ def patch_qk_identity(
             "heads must be a head index (an int), an iterable of them or 'all', got "
             f"{type(heads).__name__} {heads!r}"
         )
-    if isinstance(scale, bool) or not isinstance(scale, int | float):
-        raise TypeError(f"scale must be a number, got {type(scale).__name__}")
-    gen = torch.Generator().manual_seed(seed)
+    scale = check_finite_number("scale", scale)
+    check_bool("zero_biases", zero_biases)
+    gen = torch.Generator().manual_seed(check_seed("seed", seed))
     qs = torch.randn(cfg.n_heads, cfg.d_model, cfg.d_head, generator=gen, dtype=torch.float64)
     new = _copy(model, cfg)
     attn: Any = new.blocks[layer].attn  # an Attention module; nn.ModuleList erases the type

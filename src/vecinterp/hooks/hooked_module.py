@@ -106,8 +106,9 @@ class HookedModule(nn.Module):
         Returns the handles; ``handle.remove()`` detaches one. Hooks added here stay
         until removed or :meth:`reset_hooks`; permanent ones survive ``reset_hooks()``.
         They are global: forward passes in every thread call them (use :meth:`hooks`
-        for hooks that only the calling thread sees).
+        for hooks that only the calling thread sees). ``is_permanent`` must be a bool.
         """
+        _check_flag("is_permanent", is_permanent)
         return self._attach(name, fn, dir, is_permanent, owner=None)
 
     def _attach(
@@ -126,7 +127,9 @@ class HookedModule(nn.Module):
 
         The hooks of a ``hooks()`` context open in another running thread stay until that
         context exits: that thread is not disturbed, and the caller never saw them.
+        ``including_permanent`` must be a bool (``"no"`` is refused, not read as true).
         """
+        _check_flag("including_permanent", including_permanent)
         for hp in self.hook_dict.values():
             hp.remove_hooks("both", including_permanent=including_permanent)
 
@@ -182,6 +185,12 @@ class HookedModule(nn.Module):
         """
         with self.hooks(fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks):
             return self(*args, **kwargs)
+
+
+def _check_flag(name: str, value: object) -> None:
+    # the hooks layer sits below the model's validators (model.validation.check_bool)
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 def _unknown_name_message(name: object, known: list[str]) -> str:

@@ -5,6 +5,7 @@ import difflib
 import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,16 @@ class VectorTransformerConfig:
                     f"{value!r}, which is not finite"
                 )
 
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name that is not a field: say what TransformerLens's
+        # HookedTransformerConfig attributes are called here
+        if name in _TL_NAMES:
+            raise AttributeError(
+                f"VectorTransformerConfig has no attribute {name!r}: that is "
+                f"TransformerLens's name; here use {_TL_NAMES[name]}"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def has_ln_weights(self) -> bool:
         """Whether the normalization layers carry a weight ``w`` (LN and RMS)."""
@@ -176,7 +187,20 @@ class VectorTransformerConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "VectorTransformerConfig":
         """Build a config from :meth:`to_dict`'s output; unknown or missing required keys
-        raise ``ValueError``."""
+        raise ``ValueError``, anything but a mapping ``TypeError``.
+
+        Example:
+            >>> import vecinterp as vi
+            >>> cfg = vi.VectorTransformerConfig(d_in=4, d_model=16, d_head=4, n_heads=2,
+            ...                                  n_layers=1, n_ctx=8)
+            >>> vi.VectorTransformerConfig.from_dict(cfg.to_dict()) == cfg
+            True
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(
+                "VectorTransformerConfig.from_dict needs a dict of fields (what to_dict "
+                f"returns; from JSON: from_dict(json.loads(text))), got {type(data).__name__}"
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

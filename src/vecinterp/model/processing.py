@@ -15,7 +15,7 @@ transformations are exact for vector (MSE) outputs:
   and regression outputs have no such invariance.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import cast
 
 import torch
@@ -23,13 +23,34 @@ from einops import einsum
 
 from .components import TransformerBlock
 from .config import VectorTransformerConfig
+from .io import refuse_non_finite
 from .transformer import HookedVectorTransformer
+from .validation import check_bool
+
+
+def _check(model: object) -> HookedVectorTransformer:
+    """``model`` if it is a :class:`HookedVectorTransformer` with finite weights.
+
+    Folding moves every weight into others (``w`` of a norm into ``W_Q``, ``W_K``, ...), so
+    one NaN would spread into many tensors and the result would no longer say where it
+    came from: the parameter is named here instead."""
+    if not isinstance(model, HookedVectorTransformer):
+        hint = (
+            " (a state dict: load it into a model first, model.load_state_dict(state))"
+            if isinstance(model, Mapping)
+            else ""
+        )
+        raise TypeError(
+            f"model must be a HookedVectorTransformer, got {type(model).__name__}{hint}"
+        )
+    refuse_non_finite(
+        dict(model.named_parameters()), "weight processing refuses a model with non-finite weights"
+    )
+    return model
 
 
 def _copy(model: HookedVectorTransformer, cfg: VectorTransformerConfig) -> HookedVectorTransformer:
     """A fresh model with ``cfg`` holding copies of ``model``'s compatible weights."""
-    if not isinstance(model, HookedVectorTransformer):
-        raise TypeError(f"expected a HookedVectorTransformer, got {type(model).__name__}")
     ref = model.embed.W_E
     new = HookedVectorTransformer(cfg, seed=0, dtype=ref.dtype, device=ref.device)
     new_sd = new.state_dict()
@@ -57,6 +78,11 @@ def fold_layer_norm(
     Returns:
         A new model with the same outputs.
 
+    Raises:
+        TypeError: ``model`` is not a :class:`~vecinterp.HookedVectorTransformer`, or
+            ``center_weights`` is not a bool.
+        ValueError: a weight holds NaN or inf (named), as for every function here.
+
     Example:
         >>> import torch, vecinterp as vi
         >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
@@ -68,6 +94,8 @@ def fold_layer_norm(
         >>> bool(torch.allclose(model(x), folded(x), atol=1e-5))
         True
     """
+    model = _check(model)
+    check_bool("center_weights", center_weights)
     cfg = model.cfg
     kind = cfg.normalization
     if kind in ("RMSPre", None):
@@ -120,6 +148,7 @@ def center_writing_weights(model: HookedVectorTransformer) -> HookedVectorTransf
         >>> bool(torch.allclose(model(x), centred(x), atol=1e-5))
         True
     """
+    model = _check(model)
     cfg = model.cfg
     if not cfg.is_mean_removing:
         raise ValueError(
@@ -170,7 +199,7 @@ def fold_value_biases(model: HookedVectorTransformer) -> HookedVectorTransformer
         >>> bool(torch.allclose(model(x), folded(x), atol=1e-5))
         True
     """
-    new = _copy(model, model.cfg)
+    new = _copy(_check(model), model.cfg)
     with torch.no_grad():
         for block in cast(Iterable[TransformerBlock], new.blocks):
             a = block.attn
@@ -191,6 +220,8 @@ def process_weights(
     ``fold_layer_norm`` → ``center_writing_weights`` → ``fold_value_biases``. Each step
     keeps the outputs; ``center_writing_weights`` raises for models whose norm does
     not remove the mean (RMS, RMSPre, none): pass ``center_writing_weights=False``.
+    The three flags must be bools (a string such as ``"no"`` is refused, not read as
+    true), and a model with a NaN or inf weight is refused with the parameter named.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -201,6 +232,13 @@ def process_weights(
         >>> bool(torch.allclose(model(x), processed(x), atol=1e-5))
         True
     """
+    model = _check(model)
+    for name, flag in (
+        ("fold_ln", fold_ln),
+        ("center_writing_weights", center_writing_weights),
+        ("fold_value_biases", fold_value_biases),
+    ):
+        check_bool(name, flag)
     new = model
     if fold_ln:
         new = fold_layer_norm(new)

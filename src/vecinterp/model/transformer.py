@@ -12,7 +12,15 @@ from ..hooks import HookedModule, HookPoint, NameFilter
 from ..loss import loss_positions, masked_mse
 from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
 from .config import VectorTransformerConfig
-from .validation import check_finite, check_input, check_like
+from .validation import (
+    check_bool,
+    check_device,
+    check_finite,
+    check_float_dtype,
+    check_input,
+    check_like,
+    check_seed,
+)
 
 if TYPE_CHECKING:
     from ..cache import ActivationCache
@@ -32,8 +40,10 @@ class HookedVectorTransformer(HookedModule):
         cfg: the configuration.
         seed: seed of the weight initialisation (a private generator; the global RNG is
             left alone). ``None`` draws from the global RNG.
-        dtype: parameter dtype.
-        device: parameter device.
+        dtype: parameter dtype, a floating-point ``torch.dtype`` (a string such as
+            ``"float32"`` is refused, not converted).
+        device: parameter device; ``None``: the CPU. A CUDA device that this machine
+            lacks is refused with a ``ValueError`` naming ``device``.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -57,8 +67,10 @@ class HookedVectorTransformer(HookedModule):
         super().__init__()
         if not isinstance(cfg, VectorTransformerConfig):
             raise TypeError(f"cfg must be a VectorTransformerConfig, got {type(cfg).__name__}")
-        if not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        check_seed("seed", seed, allow_none=True)
+        check_float_dtype("dtype", dtype)
+        if device is not None:
+            check_device("device", device)
         self.cfg = cfg
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()
@@ -76,7 +88,21 @@ class HookedVectorTransformer(HookedModule):
 
     def init_weights(self, seed: int | None = 0) -> None:
         """Weight matrices ~ N(0, init_range²) (``W_O``, ``W_out`` scaled by
-        ``1/sqrt(2 n_layers)`` as in GPT-2); biases 0; norm weights 1."""
+        ``1/sqrt(2 n_layers)`` as in GPT-2); biases 0; norm weights 1.
+
+        ``seed`` seeds a private generator (an int; ``None`` draws from the global RNG).
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+            >>> W_E = model.W_E.detach().clone()
+            >>> model.init_weights(seed=1)
+            >>> model.init_weights(seed=0)
+            >>> torch.equal(model.W_E, W_E)
+            True
+        """
+        seed = check_seed("seed", seed, allow_none=True)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         std = self.cfg.init_range
         resid_std = std / (2 * self.cfg.n_layers) ** 0.5
@@ -90,6 +116,53 @@ class HookedVectorTransformer(HookedModule):
                     p.fill_(1.0)
                 else:
                     p.zero_()
+
+    # -- TransformerLens's entry points that have no counterpart here ------------------
+    @classmethod
+    def from_pretrained(cls, model_name: object = None, *args: Any, **kwargs: Any) -> Any:
+        """Refused: there is no zoo of pretrained vector models to download.
+
+        TransformerLens's ``HookedTransformer.from_pretrained("gpt2")`` fetches language
+        models; vecinterp's models are trained on your own vector tasks. Load a model saved
+        with :func:`~vecinterp.save` by :func:`vecinterp.load` (a path), or the reference
+        model that ships with the package by
+        ``vecinterp.tasks.affine_recurrence.load_reference()``. Raises
+        ``NotImplementedError`` saying so.
+
+        Example:
+            >>> import vecinterp as vi
+            >>> try:
+            ...     vi.HookedVectorTransformer.from_pretrained("gpt2")
+            ... except NotImplementedError as err:
+            ...     print(str(err)[:58])
+            HookedVectorTransformer has no pretrained models to downlo
+        """
+        raise NotImplementedError(
+            f"HookedVectorTransformer has no pretrained models to download (asked for "
+            f"{model_name!r}): load a model saved with vi.save by vecinterp.load(path), or "
+            "the packaged reference model by vecinterp.tasks.affine_recurrence.load_reference()"
+        )
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Accepted for TransformerLens's code; does nothing: ``hook_result`` is always on.
+
+        TransformerLens computes each head's output ``blocks.{l}.attn.hook_result``
+        ``[batch, pos, n_heads, d_model]`` only after ``set_use_attn_result(True)``. Here
+        every forward computes each head's result anyway (the attention output is their
+        sum plus ``b_O``), so the hook point always fires and ``run_with_cache`` stores
+        it; there is no switch to flip. ``use_attn_result`` must still be a bool
+        (``TypeError`` otherwise), and ``False`` does not remove the hook point.
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+            >>> model.set_use_attn_result(True)
+            >>> _, cache = model.run_with_cache(torch.randn(2, 5, 3))
+            >>> cache["result", 0].shape
+            torch.Size([2, 5, 2, 8])
+        """
+        check_bool("use_attn_result", use_attn_result)
 
     # -- the forward pass -----------------------------------------------------------
     def forward(

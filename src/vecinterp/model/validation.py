@@ -1,4 +1,9 @@
-"""Fail-fast checks on what users pass to a model."""
+"""Fail-fast checks on what users pass to a model (and, reused by the layers above, to
+the analyses, the tasks and training): tensors, flags, seeds, dtypes and devices."""
+
+import math
+import operator
+from typing import Literal, overload
 
 import torch
 
@@ -85,3 +90,87 @@ def check_like(name: str, t: object, shape: tuple[int, ...], ref: torch.Tensor) 
     if t.device != ref.device:
         raise ValueError(f"{name} is on {t.device} but the model is on {ref.device}")
     return t
+
+
+# -- scalar arguments ----------------------------------------------------------------------
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def describe(value: object) -> str:
+    """``value`` as a message shows it: its type and repr (``str 'yes'``), a dtype as is."""
+    if isinstance(value, torch.dtype | torch.device | type(None) | bool):
+        return repr(value) if not isinstance(value, torch.dtype) else str(value)
+    return f"{type(value).__name__} {value!r}"
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is ``True`` or ``False``; else ``TypeError`` naming ``name``.
+
+    A string such as ``"no"`` is refused rather than read as truthy."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {describe(value)}")
+    return value
+
+
+@overload
+def check_seed(name: str, value: object, *, allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_seed(name: str, value: object, *, allow_none: bool) -> int | None: ...
+def check_seed(name: str, value: object, *, allow_none: bool = False) -> int | None:
+    """A seed for ``torch.Generator.manual_seed``: an int (or an integer such as
+    ``numpy.int64``; not a bool) in ``[-2**63, 2**64)``; ``None`` only if ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    try:
+        seed = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        seed = None
+    also = " or None" if allow_none else ""
+    if seed is None:
+        raise TypeError(f"{name} must be an int{also}, got {describe(value)}")
+    if not -(2**63) <= seed < 2**64:
+        raise ValueError(f"{name} must be an int in [-2**63, 2**64){also}, got {seed}")
+    return seed
+
+
+def check_float_dtype(name: str, dtype: object) -> torch.dtype:
+    """``dtype`` if it is a floating-point ``torch.dtype``; else ``TypeError`` naming
+    ``name`` (a string such as ``"float32"`` or a NumPy type is not converted)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        allowed = ", ".join(str(t) for t in FLOAT_DTYPES)
+        raise TypeError(
+            f"{name} must be a floating-point dtype, got {describe(dtype)}; use one of {allowed}"
+        )
+    return dtype
+
+
+def check_finite_number(name: str, value: object) -> float:
+    """``value`` as a float if it is a finite real number (not a bool); else an error
+    naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a finite number, got {describe(value)}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_device(name: str, device: object) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here; ``ValueError`` naming ``name`` for
+    a malformed one, CUDA on a machine without it, or a CUDA index beyond the last GPU. A
+    ``"cuda"`` without an index stays so (torch's current device)."""
+    try:
+        dev = torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"{name} must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r} but CUDA is not available here")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(
+                f"{name}={device!r} but there is no such GPU: this machine has {count} CUDA "
+                f"device(s), cuda:0 to cuda:{count - 1}"
+            )
+    return dev

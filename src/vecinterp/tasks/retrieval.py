@@ -253,14 +253,24 @@ def positional_code(
         \mathrm{code}(p)_{2m+1} = \cos(p\, \omega_m), \quad
         \omega_m = \mathrm{base}^{-2m/\mathrm{dim}}
 
+    ``indices`` must be an integer tensor, ``dim`` even and ``base`` a positive finite
+    number (each refused by name otherwise).
+
     Example:
         >>> import torch
         >>> from vecinterp.tasks.retrieval import positional_code
         >>> positional_code(torch.tensor([0]), 4).tolist()
         [[0.0, 1.0, 0.0, 1.0]]
     """
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(f"indices must be an integer tensor, got {type(indices).__name__}")
+    if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        raise TypeError(
+            f"indices must be an integer tensor (pair indices), got {indices.dtype}; a "
+            "fractional index has no pair"
+        )
     _check_dim(dim)
-    _check_base(base)
+    _check_base(base, "base")
     freq = torch.tensor(float(base), dtype=torch.float64) ** (
         -torch.arange(0, dim, 2, dtype=torch.float64) / dim
     )
@@ -544,9 +554,9 @@ def _check_dim(dim: object) -> None:
         )
 
 
-def _check_base(base: object) -> None:
+def _check_base(base: object, name: str = "rotary_base") -> None:
     if isinstance(base, bool) or not isinstance(base, int | float) or not 0 < base < math.inf:
-        raise ValueError(f"rotary_base must be a positive finite number, got {base!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {base!r}")
 
 
 def _check_common(

@@ -8,12 +8,13 @@ position.
 
 import hashlib
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from ..loss import masked_mse
+from ..loss import loss_positions, mse_at
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 """A batch taken apart: ``(inputs, targets, loss_mask or None)``."""
@@ -59,10 +60,55 @@ def to_model(parts: Tensors, dtype: torch.dtype, device: torch.device) -> Tensor
     )
 
 
-def batch_loss(model: torch.nn.Module, parts: Tensors) -> torch.Tensor:
-    """The masked MSE of ``model`` on one batch already on its device and dtype."""
+def batch_loss(model: torch.nn.Module, parts: Tensors, where: str = "batch") -> torch.Tensor:
+    """The masked MSE of ``model`` on one batch already on its device and dtype.
+
+    ``where`` names the batch in errors (``"batch 3 of data"``): NaN/inf inputs and targets
+    of the wrong shape are refused naming it. The targets are not scanned for NaN here
+    (that would cost a pass per step); a non-finite loss is explained afterwards by
+    :func:`non_finite_targets`."""
     inputs, targets, mask = parts
-    return masked_mse(model(inputs), targets, mask)
+    try:
+        out = model(inputs)
+    except ValueError:
+        # the model names its argument "x"; say which batch and which of its parts
+        if not bool(torch.isfinite(inputs).all()):
+            first = (~torch.isfinite(inputs)).nonzero()[0].tolist()
+            raise ValueError(
+                f"{where}: inputs contain NaN or inf (first at index {first})"
+            ) from None
+        raise
+    if targets.shape != out.shape:
+        raise ValueError(
+            f"{where}: targets have shape {tuple(targets.shape)}, but the model's outputs "
+            f"[batch, pos, d_out] have {tuple(out.shape)}"
+        )
+    return mse_at(out, targets, mask)
+
+
+def non_finite_targets(parts: Tensors, where: str = "batch") -> str | None:
+    """Why a batch's loss is not finite if its targets are to blame: a sentence naming the
+    first NaN/inf target at a position the loss uses, else ``None``.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.training.data import non_finite_targets
+        >>> t = torch.zeros(1, 3, 2); t[0, 2, 1] = float("nan")
+        >>> print(non_finite_targets((torch.zeros(1, 3, 2), t, None), "batch 7"))
+        batch 7: targets contain NaN or inf at a position the loss uses (first at index [0, 2, 1])
+        >>> used = torch.tensor([True, True, False])
+        >>> print(non_finite_targets((torch.zeros(1, 3, 2), t, used)))
+        None
+    """
+    _, targets, mask = parts
+    used = loss_positions(mask, targets.shape[:-1], targets.device)
+    bad = ~torch.isfinite(targets) & used[..., None]
+    if not bool(bad.any()):
+        return None
+    first = bad.nonzero()[0].tolist()
+    return (
+        f"{where}: targets contain NaN or inf at a position the loss uses (first at index {first})"
+    )
 
 
 def fingerprint(parts: Tensors) -> str:
@@ -88,8 +134,13 @@ class MakeBatchSource:
         self.make_batch = make_batch
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
+    @staticmethod
+    def where(step: int) -> str:
+        """How errors name batch ``step``."""
+        return f"make_batch({step}, ...)"
+
     def next(self, step: int) -> Tensors:
-        return unpack_batch(self.make_batch(step, self.generator), f"make_batch({step}, ...)")
+        return unpack_batch(self.make_batch(step, self.generator), self.where(step))
 
     def state(self) -> dict[str, torch.Tensor]:
         return {"data_generator": self.generator.get_state()}
@@ -107,6 +158,11 @@ class StreamSource:
     def __init__(self, data: Iterable[Any]):
         self.iterator: Iterator[Any] = iter(data)
 
+    @staticmethod
+    def where(step: int) -> str:
+        """How errors name batch ``step``."""
+        return f"batch {step} of data"
+
     def next(self, step: int) -> Tensors:
         try:
             batch = next(self.iterator)
@@ -115,7 +171,7 @@ class StreamSource:
                 f"data ran out at step {step}: it gave {step} batches in all (from the start)"
                 f" but more steps were asked for; pass an endless stream or fewer steps"
             ) from None
-        return unpack_batch(batch, f"batch {step} of data")
+        return unpack_batch(batch, self.where(step))
 
     def state(self) -> dict[str, torch.Tensor]:
         return {}
@@ -140,7 +196,7 @@ def as_batch_list(data: object, name: str = "data", n_batches: int | None = None
         raise ValueError(f"n_batches must be an int >= 1 or None, got {n_batches!r}")
     if is_batch(data):
         batches = [data]
-    elif isinstance(data, Iterable):
+    elif isinstance(data, Iterable) and not isinstance(data, str | bytes):
         if iter(data) is data and n_batches is None:
             raise ValueError(
                 f"{name} is an iterator, which may be endless (e.g. affine_recurrence.batches): "
@@ -186,19 +242,51 @@ def evaluate(model: torch.nn.Module, data: Any, n_batches: int | None = None) ->
         >>> evaluate(model, (x, model(x).detach() + 1.0))
         1.0
     """
-    batches = as_batch_list(data, "data", n_batches)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module (e.g. a HookedVectorTransformer), got "
+            f"{type(model).__name__}"
+        )
+    return evaluate_batches(model, as_batch_list(data, "data", n_batches), "data")
+
+
+def evaluate_batches(model: torch.nn.Module, batches: list[Any], name: str) -> float:
+    """:func:`evaluate` on a list of batches that errors call ``name`` (``"eval_data"``).
+
+    A NaN/inf target at a used position is refused (``ValueError`` naming the batch); a
+    non-finite loss from finite data (a model whose outputs blew up) is returned as is.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.training.data import evaluate_batches
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> x = torch.zeros(3, 4, 2)
+        >>> evaluate_batches(model, [(x, model(x).detach() + 2.0)], "eval_data")
+        4.0
+    """
     param = next(model.parameters())
+
+    def parts(i: int, b: Any) -> Tensors:
+        return to_model(unpack_batch(b, f"batch {i} of {name}"), param.dtype, param.device)
+
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            losses = [
-                batch_loss(
-                    model,
-                    to_model(unpack_batch(b, f"batch {i} of data"), param.dtype, param.device),
-                )
-                for i, b in enumerate(batches)
-            ]
+            losses = torch.stack(
+                [
+                    batch_loss(model, parts(i, b), f"batch {i} of {name}")
+                    for i, b in enumerate(batches)
+                ]
+            )
     finally:
         model.train(was_training)
-    return float(torch.stack(losses).mean())
+    value = float(losses.mean())
+    if not math.isfinite(value):  # the data's fault, or the model's?
+        for i, loss in enumerate(losses.tolist()):
+            if not math.isfinite(loss):
+                cause = non_finite_targets(parts(i, batches[i]), f"batch {i} of {name}")
+                if cause is not None:
+                    raise ValueError(cause)
+    return value

@@ -26,6 +26,7 @@ from .data import (
     Tensors,
     batch_loss,
     fingerprint,
+    non_finite_targets,
     to_model,
 )
 from .result import TrainHistory, TrainingDivergedError, TrainResult
@@ -107,7 +108,10 @@ def train(
     ``resume=True`` continues from the newest (or starts afresh if there is none) and ends
     bit-identical to an uninterrupted run on the same device. A NaN/inf loss or gradient
     raises :class:`TrainingDivergedError` naming the step, before the update, so earlier
-    checkpoints hold the last good state.
+    checkpoints hold the last good state; when the batch's targets are to blame (NaN or
+    inf at a position the loss uses), the error names the batch and the first bad index.
+    NaN/inf inputs are refused naming the batch (``make_batch(3, ...)`` or ``batch 3 of
+    data``; ``batch 0 of eval_data`` for the evaluation set).
 
     Args:
         model: the model to train (copied; not modified).
@@ -264,12 +268,14 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = rate
             optimizer.zero_grad(set_to_none=True)
-            loss = batch_loss(net, to_model(parts, dtype, dev))
+            batch = to_model(parts, dtype, dev)
+            loss = batch_loss(net, batch, source.where(step))
             loss.backward()
             norm = _grad_norm(params, grad_clip)
             loss_value, norm_value = torch.stack([loss.detach(), norm.to(loss.dtype)]).tolist()
-            if not math.isfinite(loss_value):
-                raise TrainingDivergedError(step, "loss", loss_value, checkpoint)
+            if not math.isfinite(loss_value):  # the data's fault (named), or divergence
+                cause = non_finite_targets(batch, source.where(step))
+                raise TrainingDivergedError(step, "loss", loss_value, checkpoint, cause=cause)
             if not math.isfinite(norm_value):
                 raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
             optimizer.step()

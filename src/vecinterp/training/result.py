@@ -104,6 +104,9 @@ class TrainingDivergedError(FloatingPointError):
         quantity: what was not finite (``"loss"``, ``"gradient norm"``, ``"eval loss"``).
         value: the non-finite value.
         checkpoint: the newest checkpoint (the one to resume from), or ``None``.
+        cause: when the data are to blame, what is wrong with them (the batch's targets
+            hold NaN or inf at a position the loss uses, named with the first index);
+            ``None`` for a divergence of the optimisation.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -118,11 +121,26 @@ class TrainingDivergedError(FloatingPointError):
         1 loss inf None
     """
 
-    def __init__(self, step: int, quantity: str, value: float, checkpoint: Path | None):
+    def __init__(
+        self,
+        step: int,
+        quantity: str,
+        value: float,
+        checkpoint: Path | None,
+        cause: str | None = None,
+    ):
         self.step, self.quantity, self.value, self.checkpoint = step, quantity, value, checkpoint
+        self.cause = cause
         kept = (
             f"; the last good checkpoint, {checkpoint}, is kept" if checkpoint is not None else ""
         )
+        if cause is not None:  # the data, not the optimisation
+            super().__init__(
+                f"training stopped: the {quantity} is {value} at step {step} because {cause}; "
+                f"stopped before updating the weights{kept}. Fix the data (a target may be "
+                "NaN only where loss_mask is False)"
+            )
+            return
         super().__init__(
             f"training diverged: the {quantity} is {value} at step {step}; stopped before "
             f"updating the weights{kept}. Try a lower lr, warmup_steps or grad_clip, and "

@@ -1,14 +1,17 @@
 """Argument checks and the set-up of a training run: device, data source, evaluation."""
 
+import inspect
 import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..model.transformer import HookedVectorTransformer
-from .data import MakeBatchSource, StreamSource, as_batch_list, evaluate, is_batch
+from ..model.validation import check_device
+from .data import MakeBatchSource, StreamSource, as_batch_list, evaluate_batches, is_batch
 from .schedule import check_int, check_positive
 
 
@@ -30,14 +33,32 @@ def make_source(data: object, seed: int) -> MakeBatchSource | StreamSource:
             "data is a single batch; pass an iterable of batches (itertools.repeat(batch) "
             "trains on one batch again and again) or make_batch(step, generator)"
         )
-    if isinstance(data, Iterable):
+    if isinstance(data, Iterable) and not isinstance(data, str | bytes):
         return StreamSource(data)
     if callable(data):
+        _check_make_batch(data)
         return MakeBatchSource(data, seed)
     raise TypeError(
         "data must be an iterable of batches or a callable make_batch(step, generator) -> "
         f"batch, got {type(data).__name__}"
     )
+
+
+def _check_make_batch(make_batch: Callable[..., Any]) -> None:
+    """``TypeError`` naming ``data`` unless ``make_batch(step, generator)`` can be called
+    (a callable whose signature cannot be read is trusted)."""
+    try:
+        signature = inspect.signature(make_batch)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(0, torch.Generator())
+    except TypeError as err:
+        name = getattr(make_batch, "__name__", type(make_batch).__name__)
+        raise TypeError(
+            f"data: a callable must be make_batch(step, generator) -> batch, but "
+            f"{name}{signature} cannot take (step, generator): {err}"
+        ) from None
 
 
 def make_eval(eval_data: object) -> Callable[[torch.nn.Module], float] | None:
@@ -66,23 +87,15 @@ def make_eval(eval_data: object) -> Callable[[torch.nn.Module], float] | None:
             "list of batches (e.g. affine_recurrence.fixed_eval_set(...)) or fn(model) -> float"
         )
     batches = as_batch_list(eval_data, "eval_data")
-    return lambda model: evaluate(model, batches)
+    return lambda model: evaluate_batches(model, batches, "eval_data")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return default_device()
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(
-            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
-        ) from err
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but CUDA is not available here")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+    dev = check_device("device", device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
