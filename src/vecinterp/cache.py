@@ -1,12 +1,17 @@
 """ActivationCache: the activations of one run, and decompositions of the residual stream."""
 
+import contextlib
 import difflib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
+from torch import nn
+
+from .hooks.hook_point import _EDIT_LOG
 
 if TYPE_CHECKING:
     from .model import HookedVectorTransformer
@@ -126,6 +131,141 @@ def _own_storage(acts: dict[str, torch.Tensor], model: "HookedVectorTransformer"
             acts[name] = t[index].clone().expand(t.shape)
 
 
+class _Weights(NamedTuple):
+    """The weights of a model as they were at one moment, without copying any: where each
+    submodule, parameter and buffer sits (its name, the container ``dict`` and key), the
+    object there, and for a tensor its version counter and storage address. In-place
+    writes (``p.add_``, ``load_state_dict``, an optimizer step) move the version;
+    assigning a new ``Parameter``, module or ``p.data`` (``model.double()``,
+    ``.to(device)``) changes the object or the address. Writes through ``p.data[...]``
+    bypass PyTorch's version counter and are not seen."""
+
+    modules: tuple[tuple[str, dict[str, Any], str, Any], ...]
+    tensors: tuple[tuple[str, dict[str, Any], str, torch.Tensor, int, int], ...]
+    sizes: tuple[tuple[str, dict[str, Any], int], ...]
+
+
+def _version(t: torch.Tensor) -> int:
+    return -1 if t.is_inference() else t._version
+
+
+def _record_weights(model: nn.Module) -> _Weights:
+    """``model``'s weights now (see :class:`_Weights`): tens of microseconds."""
+    modules: list[tuple[str, dict[str, Any], str, Any]] = []
+    tensors: list[tuple[str, dict[str, Any], str, torch.Tensor, int, int]] = []
+    sizes: list[tuple[str, dict[str, Any], int]] = []
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, mod = stack.pop()
+        for d in (mod._parameters, mod._buffers, mod._modules):
+            sizes.append((prefix.rstrip(".") or "the model", d, len(d)))
+        for d in (mod._parameters, mod._buffers):
+            for key, t in d.items():
+                if t is not None:
+                    tensors.append((prefix + key, d, key, t, _version(t), t.data_ptr()))
+        for key, child in mod._modules.items():
+            modules.append((prefix + key, mod._modules, key, child))
+            if child is not None:
+                stack.append((f"{prefix}{key}.", child))
+    return _Weights(tuple(modules), tuple(tensors), tuple(sizes))
+
+
+def _changed_weights(record: _Weights) -> list[str]:
+    """What is not as ``record`` saw it: parameter and buffer names (changed in place or
+    replaced), replaced submodules, and modules that gained or lost one; ``[]`` when
+    nothing changed."""
+    if (
+        all(len(d) == n for _, d, n in record.sizes)
+        and all(d.get(key) is child for _, d, key, child in record.modules)
+        and all(
+            d.get(key) is t and _version(t) == v and t.data_ptr() == ptr
+            for _, d, key, t, v, ptr in record.tensors
+        )
+    ):
+        return []
+    changed = [name for name, d, key, child in record.modules if d.get(key) is not child]
+    changed += [
+        name
+        for name, d, key, t, v, ptr in record.tensors
+        if d.get(key) is not t or _version(t) != v or t.data_ptr() != ptr
+    ]
+    changed += [
+        f"{name} (a parameter, buffer or submodule added or removed)"
+        for name, d, n in record.sizes
+        if len(d) != n
+    ]
+    return changed
+
+
+def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
+    """The hook points where a forward hook is attached that the calling thread's forward
+    passes call (hooks every thread sees, and this thread's scoped hooks)."""
+    me = threading.current_thread()
+    return frozenset(
+        name
+        for name, point in model.hook_dict.items()
+        if any(h.owner is None or h.owner is me for h in point._fwd)
+    )
+
+
+@contextlib.contextmanager
+def _recording_edits() -> Iterator[set[Any]]:
+    """Collect, for the forward passes of the calling thread inside the block, the hook
+    points where a hook replaced the activation or wrote into it (its version counter
+    moved). Under ``torch.inference_mode`` tensors have no version counter, so only
+    replacements are seen (``run_with_cache`` counts every hooked point as edited there).
+    Nested blocks each collect their own."""
+    previous = getattr(_EDIT_LOG, "points", None)
+    points: set[Any] = set()
+    _EDIT_LOG.points = points
+    try:
+        yield points
+    finally:
+        _EDIT_LOG.points = previous
+
+
+def _check_not_written_later(
+    names: Sequence[str], store: Mapping[str, torch.Tensor], versions: Mapping[str, int]
+) -> None:
+    """For ``run_with_cache(incl_bwd=True)``: refuse when a hook wrote in place into a
+    tensor after it was cached at an earlier point (``resid_post`` of block ``l`` is the
+    tensor ``resid_pre`` of ``l + 1`` receives): autograd then differentiates the written
+    tensor, so the earlier point's gradient would silently be the later one's."""
+    for name in names:
+        if name in versions and store[name]._version != versions[name]:
+            raise ValueError(
+                f"incl_bwd=True: a hook after {name!r} wrote in place into the tensor that "
+                f"flowed there (a later hook point receives the same tensor), so the "
+                f"gradient with respect to what flowed at {name!r} cannot be taken; return "
+                "an edited tensor from that hook instead of writing into its input"
+            )
+
+
+def _resid_points(cfg: Any, ell: int, mlp_input: bool) -> list[str]:
+    """The residual-stream hook points up to the stream entering boundary ``ell`` (block
+    ``ell``'s ``resid_pre``, its ``resid_mid`` with ``mlp_input``, the final
+    ``resid_post`` when ``ell == n_layers``): each is the sum of the one before and a
+    component, unless a hook edited it."""
+    names = []
+    for block in range(min(ell + 1, cfg.n_layers)):
+        names.append(f"blocks.{block}.hook_resid_pre")
+        if block == ell and not mlp_input:
+            break
+        if not cfg.attn_only:
+            names.append(f"blocks.{block}.hook_resid_mid")
+        if block == ell:
+            break
+        names.append(f"blocks.{block}.hook_resid_post")
+    return names
+
+
+def _norm_point(cfg: Any, ell: int, mlp_input: bool) -> str:
+    """The ``hook_normalized`` of the norm that reads the stream at boundary ``ell``."""
+    if ell == cfg.n_layers:
+        return "ln_final.hook_normalized"
+    return f"blocks.{ell}.{'ln2' if mlp_input else 'ln1'}.hook_normalized"
+
+
 class ActivationCache(Mapping[str, torch.Tensor]):
     """The activations of one forward pass, keyed by hook name.
 
@@ -139,14 +279,41 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     when no hook was attached there. It is computed on first access and then stored;
     ``keys()``, ``len()``, ``in`` and iteration list it all the same.
 
+    Analyses that read the model's weights to interpret the activations
+    (:meth:`apply_ln_to_stack`, and so the decompositions with ``apply_ln=True``, and
+    :func:`~vecinterp.direct_attribution`) refuse with a ``ValueError`` naming the weight
+    when a parameter or buffer of the model changed after the run (written in place, by
+    ``load_state_dict`` or an optimizer step, or replaced, or moved by ``.to()``): the
+    activations belong to the weights they ran with. The check reads each tensor's
+    version counter (microseconds); writes through ``p.data[...]`` bypass that counter
+    and are not seen. Indexing never refuses: entries are what flowed, whatever the
+    weights are now.
+
+    Decompositions that claim a sum refuse when a hook of the run edited a point that the
+    sum assumes unedited (:meth:`decompose_resid`: a ``hook_resid_pre/mid/post`` up to the
+    decomposed stream, and with ``apply_ln`` the reading norm's ``hook_normalized``); edits
+    of the components themselves (``hook_embed``, ``hook_attn_out``, ``hook_result``,
+    ``hook_mlp_out``, anything inside attention or the MLP) and of a norm's
+    ``hook_scale`` (the cached scale is the one that divided) keep them exact.
+
     Args:
         cache_dict: hook name to tensor.
         model: the model that produced them (its weights are read by the
-            decompositions).
+            decompositions; they are recorded now unless ``run_with_cache`` recorded
+            them when the run began).
         derived: activations not in ``cache_dict`` but recomputed on first access:
             ``name -> (source name, function)``, ``function(cache_dict[source])`` being
             exactly what flowed through ``name`` on any device (``run_with_cache`` fills
             this in; see above).
+        hooked_points: hook points where the run had a forward hook that its thread
+            called (besides ``run_with_cache``'s own).
+        edited_points: the hook points among them where a hook replaced the activation
+            or wrote into it (returning ``None`` after only reading is not an edit).
+            A cache built by hand has neither, so nothing is refused for hooks.
+
+    Attributes:
+        hooked_points: ``frozenset`` of names, as above.
+        edited_points: ``frozenset`` of names, as above.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -166,6 +333,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         (torch.Size([6, 4, 5, 8]), ['embed', 'pos_embed', '0_attn_out'])
         >>> bool(torch.allclose(parts.sum(0), cache["resid_post", -1], atol=1e-5))
         True
+        >>> with torch.no_grad():
+        ...     _ = model.blocks[1].ln1.w.mul_(2.0)  # the weights change after the run
+        >>> cache.decompose_resid(layer=1, apply_ln=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: decompose_resid(apply_ln=True) reads the model's weights, but blocks.1.ln1.w
+        changed after this cache was made (in place or replaced); re-run run_with_cache ...
     """
 
     def __init__(
@@ -174,10 +348,22 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         model: "HookedVectorTransformer",
         *,
         derived: Mapping[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] | None = None,
+        hooked_points: Iterable[str] = (),
+        edited_points: Iterable[str] = (),
+        _weights: _Weights | None = None,
     ):
         self.cache_dict = dict(cache_dict)
         self.model = model
         self.cfg = model.cfg
+        self._weights = _record_weights(model) if _weights is None else _weights
+        for arg, points in (("hooked_points", hooked_points), ("edited_points", edited_points)):
+            if isinstance(points, str):
+                raise TypeError(f"{arg} must be an iterable of hook names, got a str {points!r}")
+            unknown = [p for p in points if p not in model.hook_dict]
+            if unknown:
+                raise ValueError(f"{arg}: {unknown[:3]} are not hook points of this model")
+        self.hooked_points = frozenset(hooked_points)
+        self.edited_points = frozenset(edited_points)
         self._pending: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {}
         for name, (source, fn) in (derived or {}).items():
             if name in self.cache_dict:
@@ -279,7 +465,32 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             {k: v.to(device) for k, v in self.cache_dict.items()},
             self.model,
             derived=self._pending,
+            hooked_points=self.hooked_points,
+            edited_points=self.edited_points,
+            _weights=self._weights,
         )
+
+    # -- what the run assumed ----------------------------------------------------------
+    def _check_weights(self, what: str) -> None:
+        """Refuse (``ValueError``) if the model's weights changed since the run."""
+        changed = _changed_weights(self._weights)
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise ValueError(
+                f"{what} reads the model's weights, but {changed[0]}{more} changed after this "
+                "cache was made (in place or replaced); re-run run_with_cache to analyse the "
+                "model as it is now"
+            )
+
+    def _check_unedited(self, points: Iterable[str], what: str, hint: str) -> None:
+        """Refuse (``ValueError``) if a hook of the run edited one of ``points``."""
+        for point in points:
+            if point in self.edited_points:
+                raise ValueError(
+                    f"{what} assumes {point!r} is what the model computed there, but a hook "
+                    "edited it in this run (replaced the activation or wrote into it), so "
+                    f"the components would not add up to what flowed; {hint}"
+                )
 
     # -- residual stream ------------------------------------------------------------
     def _n(self, layer: int | None, mlp_input: bool = False) -> int:
@@ -315,10 +526,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             "'blocks.0.hook_resid_pre'; neither is in this cache (check names_filter)"
         )
 
-    def _read(self, stack: torch.Tensor, apply_ln: bool, layer: int, mlp_input: bool) -> Any:
+    def _read(
+        self, stack: torch.Tensor, apply_ln: bool, layer: int, mlp_input: bool, what: str
+    ) -> Any:
         if not apply_ln:
             return stack
-        return self.apply_ln_to_stack(stack, layer=layer, mlp_input=mlp_input)
+        return self._apply_ln(stack, layer, mlp_input, f"{what}(apply_ln=True)")
 
     def accumulated_resid(
         self,
@@ -372,7 +585,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             if (incl_mid and ell < n and not self.cfg.attn_only) or (mlp_input and ell == n):
                 parts.append(self["resid_mid", ell])
                 labels.append(f"{ell}_mid")
-        stack = self._read(torch.stack(parts), apply_ln, n, mlp_input)
+        stack = self._read(torch.stack(parts), apply_ln, n, mlp_input, "accumulated_resid")
         return (stack, labels) if return_labels else stack
 
     def decompose_resid(
@@ -417,6 +630,19 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             True
         """
         n = self._n(layer, mlp_input)
+        what = f"decompose_resid(layer={layer!r})"
+        self._check_unedited(
+            _resid_points(self.cfg, n, mlp_input),
+            what,
+            "decompose a run without that edit, or edit a component (hook_attn_out, "
+            "hook_mlp_out, hook_result, ...) instead",
+        )
+        if apply_ln:
+            self._check_unedited(
+                [_norm_point(self.cfg, n, mlp_input)],
+                f"{what} with apply_ln=True",
+                "the norm's output is no longer the linearised sum of the components",
+            )
         parts, labels = [], []
         if incl_embeds:
             parts.append(self["hook_embed"])
@@ -434,7 +660,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             parts.append(self["attn_out", n])
             labels.append(f"{n}_attn_out")
         stack = torch.stack(parts) if parts else self._empty_stack()
-        stack = self._read(stack, apply_ln, n, mlp_input)
+        stack = self._read(stack, apply_ln, n, mlp_input, "decompose_resid")
         return (stack, labels) if return_labels else stack
 
     def stack_head_results(
@@ -474,7 +700,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             parts.append(self["result", ell].movedim(-2, 0))
             labels += [f"L{ell}H{h}" for h in range(self.cfg.n_heads)]
         stack = torch.cat(parts) if parts else self._empty_stack()
-        stack = self._read(stack, apply_ln, n, False)
+        stack = self._read(stack, apply_ln, n, False, "stack_head_results")
         return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(
@@ -500,10 +726,30 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             layer: ``None``, ``-1`` or ``n_layers`` for ``ln_final``; else block
                 ``layer``'s ``ln1`` (or ``ln2`` with ``mlp_input``).
             mlp_input: use ``ln2`` of block ``layer`` (``layer`` must be a block).
+
+        Raises ``ValueError`` naming the weight if the model's weights changed after the
+        run (the norm's ``w`` is read; see :class:`ActivationCache`).
+
+        Example:
+            >>> import torch, vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=5), seed=0)
+            >>> _, cache = model.run_with_cache(torch.randn(4, 5, 3))
+            >>> parts = cache.decompose_resid()  # [component, batch, pos, d_model]
+            >>> read = cache.apply_ln_to_stack(parts)  # as ln_final reads each component
+            >>> out = model.ln_final(cache["resid_post", -1])
+            >>> bool(torch.allclose(read.sum(0) + model.ln_final.b, out, atol=1e-5))
+            True
         """
+        return self._apply_ln(residual_stack, layer, mlp_input, "apply_ln_to_stack")
+
+    def _apply_ln(
+        self, residual_stack: torch.Tensor, layer: int | None, mlp_input: bool, what: str
+    ) -> torch.Tensor:
         n = self._n(layer, mlp_input)
         if self.cfg.normalization is None:
             return residual_stack
+        self._check_weights(what)
         if n == self.cfg.n_layers:
             # normalization is not None, so every norm is a Norm
             ln, key = cast("Norm", self.model.ln_final), "ln_final.hook_scale"

@@ -28,7 +28,7 @@ import torch
 from einops import einsum
 from jaxtyping import Bool, Float
 
-from ..cache import ActivationCache
+from ..cache import ActivationCache, _resid_points
 from ..model import HookedVectorTransformer
 from ..model.components import TransformerBlock
 from ..model.validation import check_bool, check_finite, check_input
@@ -192,6 +192,15 @@ def direct_attribution(
     Returns:
         A :class:`DirectAttribution` with ``values [component, batch, pos_t]``.
 
+    Raises ``ValueError`` (never a sum that silently fails) when the model's weights
+    changed after the run (naming the weight), and, with ``"all"`` or ``"layers"``, when a
+    hook of the run edited a point the identity assumes unedited: a
+    ``hook_resid_pre/mid/post``, ``ln_final.hook_normalized`` or ``unembed.hook_out``;
+    with ``"all"`` also a ``hook_attn_out`` (the heads and ``b_O`` would no longer sum to
+    it: ``"layers"`` reads the edited one). Edits of ``hook_embed``, ``hook_result``,
+    ``hook_mlp_out``, anything inside attention or an MLP, and a norm's ``hook_scale``
+    keep the identity exact.
+
     Example:
         >>> import torch
         >>> from vecinterp import HookedVectorTransformer, VectorTransformerConfig
@@ -216,6 +225,7 @@ def direct_attribution(
         raise ValueError("cache was not produced by this model (cache.model is not model)")
     if components not in COMPONENTS:
         raise ValueError(f"components must be one of {COMPONENTS}, got {components!r}")
+    _check_run(model, cache, components)
     with torch.no_grad():
         embed = cache["embed"]
         batch, n_pos, _ = embed.shape
@@ -312,6 +322,35 @@ def next_vector_targets(
 
 
 # -- internals ------------------------------------------------------------------------------
+def _check_run(model: HookedVectorTransformer, cache: ActivationCache, components: str) -> None:
+    """Refuse a cache whose weights changed since the run, or (for a complete set of
+    components) whose run had a hook that breaks ``Σ A = ⟨y − b_U, t⟩``."""
+    what = f"direct_attribution(components={components!r})"
+    cache._check_weights(what)
+    if components == "heads":  # no identity claimed
+        return
+    cfg = model.cfg
+    cache._check_unedited(
+        _resid_points(cfg, cfg.n_layers, False),
+        what,
+        "attribute a run without that edit, or edit a component (hook_attn_out, "
+        "hook_mlp_out, hook_result, ...) instead",
+    )
+    cache._check_unedited(
+        ["ln_final.hook_normalized", "unembed.hook_out"],
+        what,
+        "the output y is then not the final norm's linearised sum read out by W_U, so "
+        "Σ A = ⟨y − b_U, t⟩ cannot hold",
+    )
+    if components == "all":
+        cache._check_unedited(
+            [f"blocks.{ell}.hook_attn_out" for ell in range(cfg.n_layers)],
+            what,
+            "the heads and b_O then no longer sum to the attention output that flowed; use "
+            "components='layers', which reads the cached (edited) hook_attn_out",
+        )
+
+
 def _components(
     model: HookedVectorTransformer, cache: ActivationCache, components: str
 ) -> tuple[torch.Tensor, list[str]]:

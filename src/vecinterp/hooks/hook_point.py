@@ -18,6 +18,12 @@ replacement (a tensor, or a one-element tuple ``(grad,)`` as TransformerLens all
 # never changes under it. This lock serialises the writers; readers never take it.
 _EDIT_LOCK = threading.Lock()
 
+# While a run_with_cache records (vecinterp.cache._recording_edits), `_EDIT_LOG.points` is
+# the set of hook points of this thread's forward where a hook replaced the activation or
+# changed it in place (its tensor's version counter moved). Per thread; read only on the
+# hooked path of `HookPoint.forward`, never on the no-hook fast path.
+_EDIT_LOG = threading.local()
+
 
 class HookHandle:
     """Removes one hook from its :class:`HookPoint` when :meth:`remove` is called.
@@ -168,6 +174,8 @@ class HookPoint(nn.Module):
         if not (self._fwd or self._bwd):
             return x
         fwd, bwd = self._fwd, self._bwd  # snapshots: writers replace, never edit
+        log = getattr(_EDIT_LOG, "points", None)
+        x_in, v_in = x, (x._version if log is not None and not x.is_inference() else -1)
         me: threading.Thread | None = None
         for handle in fwd:
             if handle.owner is not None:
@@ -179,6 +187,8 @@ class HookPoint(nn.Module):
             if out is not None:
                 _check_replacement(out, x, self, handle.fn, "forward hook", "activation")
                 x = out
+        if log is not None and (x is not x_in or (v_in >= 0 and x._version != v_in)):
+            log.add(self)  # inference tensors have no version: run_with_cache handles them
         if bwd and x.requires_grad:
             for handle in bwd:
                 if handle.owner is not None:
