@@ -71,22 +71,24 @@ def mse_at(
     # nor, through the backward pass, the gradient
     diff = torch.where(mask[..., None], pred - target, torch.zeros((), dtype=pred.dtype))
     masked = diff.pow(2).mean(-1)
+    total = masked.sum()
     count = mask.sum()
-    # the numbers the checks need, read in one transfer to the host
+    # what the checks need, read in one transfer to the host. A NaN/inf target at a used
+    # position makes the sum non-finite, so the targets are scanned only when it is.
     wanted = [count] if reduction == "mean" else []
     if check_target is not None:
-        wanted.append((~torch.isfinite(target) & mask[..., None]).sum())
+        wanted.append(torch.isfinite(total).to(count.dtype))
     values = torch.stack(wanted).tolist() if wanted else []
     n_used = values.pop(0) if reduction == "mean" else 1
-    if values and values[0]:
-        first = (~torch.isfinite(target) & mask[..., None]).nonzero()[0].tolist()
-        raise ValueError(
-            f"{check_target} contains NaN or inf at a position the loss uses (first at index "
-            f"{first})"
-        )
+    if values and not values[0]:
+        bad = ~torch.isfinite(target) & mask[..., None]
+        if bool(bad.any()):  # else the predictions are to blame: their loss is returned
+            raise ValueError(
+                f"{check_target} contains NaN or inf at a position the loss uses (first at "
+                f"index {bad.nonzero()[0].tolist()})"
+            )
     if reduction == "none":
         return masked
-    total = masked.sum()
     if reduction == "sum":
         return total
     if n_used == 0:
