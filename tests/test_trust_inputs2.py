@@ -134,18 +134,24 @@ def test_next_vector_targets_refuses_a_non_finite_final():
     assert torch.equal(vi.next_vector_targets(net, x, final=final)[:, -1], final)
 
 
-def test_fraction_outside_embedding_refuses_a_zero_vector_naming_its_index(model):
+def test_fraction_outside_embedding_of_a_zero_vector_is_zero_not_nan(model):
     vectors = torch.randn(3, 4, model.cfg.d_model, dtype=F64)
     fractions = fraction_outside_embedding(vectors, model)
+    squared = fraction_outside_embedding(vectors, model, squared=True)
     vectors[2, 1] = 0.0
-    with pytest.raises(
-        ValueError, match=re.escape("vectors holds a zero vector (first at index [2, 1])")
-    ):
-        fraction_outside_embedding(vectors, model)
-    # the message's recipe works: dropping it leaves the other fractions as they were
-    kept = vectors[vectors.norm(dim=-1) > 0]
-    expected = torch.cat([fractions[:2].flatten(), fractions[2, [0, 2, 3]]])
-    assert torch.equal(fraction_outside_embedding(kept, model), expected)
+    expected = fractions.clone()
+    expected[2, 1] = 0.0  # nothing of it is outside; every other vector's fraction unchanged
+    assert torch.equal(fraction_outside_embedding(vectors, model), expected)
+    expected_sq = squared.clone()
+    expected_sq[2, 1] = 0.0
+    assert torch.equal(fraction_outside_embedding(vectors, model, squared=True), expected_sq)
+    # a tiny or huge vector is not zero: its fraction is its direction's, although its
+    # norm underflows to 0 or overflows to inf
+    v = vectors[0, 0]
+    for scale in (1e-300, 1e300):
+        assert torch.allclose(
+            fraction_outside_embedding(scale * v, model), fractions[0, 0], rtol=1e-12, atol=0
+        )
 
 
 @pytest.mark.parametrize("bad", ["x", "y"])

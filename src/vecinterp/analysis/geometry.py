@@ -251,10 +251,14 @@ def fraction_outside_embedding(
 
     — a ratio of norms, as in the paper; ``squared=True`` gives the ratio of squared
     norms (the share of ``‖v‖²``), which is additive: inside and outside shares sum to 1.
-    A zero vector has no direction and its ratio is 0/0: it is refused (``ValueError``
-    naming its index in ``vectors``) rather than returned as NaN, which would turn any
-    mean over the result into NaN; drop such vectors first
-    (``vectors[vectors.norm(dim=-1) > 0]``).
+    A zero vector (e.g. the write of a head whose OV circuit is zero) lies in every
+    subspace, so nothing of it is outside: its fraction is defined as 0 rather than the
+    0/0 = NaN of the formula, which would turn any mean over the result into NaN (as
+    ``torch.nn.functional.cosine_similarity`` gives 0 for a zero vector). Its inside and
+    outside shares then sum to 0, not 1; to leave such vectors out of an average, drop
+    them first (``vectors[vectors.norm(dim=-1) > 0]``). The ratio is scale-free and is
+    computed on each vector divided by its largest entry, so a tiny or huge vector (whose
+    norm would underflow to 0 or overflow to inf) gets its direction's fraction.
 
     Args:
         vectors: ``[*vec, d_model]`` vectors (any leading axes), e.g. ``x @ OV``.
@@ -287,19 +291,17 @@ def fraction_outside_embedding(
     with torch.no_grad():
         _, sing, Vh = torch.linalg.svd(W_E, full_matrices=False)
         basis = Vh[sing > rtol * sing.max()] if bool(sing.max() > 0) else Vh[:0]
-        norm = v.norm(dim=-1)
-        if not bool((norm > 0).all()):
-            where = (
-                f"holds a zero vector (first at index {(norm == 0).nonzero()[0].tolist()})"
-                if norm.ndim
-                else "is the zero vector"
-            )
-            raise ValueError(
-                f"vectors {where}: its fraction outside the embedding space is 0/0, "
-                "undefined; drop zero vectors first, e.g. vectors[vectors.norm(dim=-1) > 0]"
-            )
-        outside = v - (v @ basis.T) @ basis
-        ratio = outside.norm(dim=-1) / norm
+        # the ratio does not depend on v's scale: divide by the largest entry first, so
+        # that norms of very small or very large vectors neither underflow to 0 (0/0) nor
+        # overflow to inf (inf/inf)
+        peak = v.abs().amax(dim=-1, keepdim=True)
+        nonzero = peak > 0
+        u = v / torch.where(nonzero, peak, torch.ones_like(peak))
+        outside = u - (u @ basis.T) @ basis
+        # a zero vector: 0, not 0/0 (see above)
+        ratio = torch.where(
+            nonzero[..., 0], outside.norm(dim=-1) / u.norm(dim=-1), torch.zeros_like(peak[..., 0])
+        )
     return ratio.square() if squared else ratio
 
 
