@@ -18,6 +18,10 @@ and the peak resident memory of a fresh process that builds the model, runs the 
 one plain forward pass; Linux only), before and after reading every entry (which
 computes the derived ones).
 
+Last, what the cache's record of the weights costs: taking it at each ``run_with_cache``
+(reused when nothing changed since the model's last run; a new one otherwise) and
+checking it in each analysis that reads the weights.
+
 Run: python benchmarks/cache_memory.py [--rounds N] [--threads T]
 """
 
@@ -33,6 +37,7 @@ import time
 import torch
 
 import vecinterp as vi
+from vecinterp.cache import _changed_weights, _record_weights, _walk_weights
 from vecinterp.tasks.affine_recurrence import MODEL_CONFIG_KWARGS
 
 LENGTH = 14
@@ -174,6 +179,26 @@ def main() -> None:
                 f"{r['cached_mib']:>10.2f} {r['read_all_ms']:>15.2f} {run_peak:>12.1f} "
                 f"{read_peak:>10.1f}"
             )
+    model, _ = setup(16)
+    record = _record_weights(model)
+    reused = _us(lambda: _record_weights(model))
+    new = _us(lambda: _walk_weights(model))
+    check = _us(lambda: _changed_weights(record))
+    print(
+        f"weights record: {reused:.1f} us per run_with_cache ({new:.1f} us when new), "
+        f"check: {check:.1f} us per analysis"
+    )
+
+
+def _us(fn, n: int = 2000, rounds: int = 7) -> float:  # noqa: ANN001 - a callable
+    """Best time of one call of ``fn``, in microseconds."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = CLOCK()
+        for _ in range(n):
+            fn()
+        best = min(best, (CLOCK() - start) / n)
+    return best * 1e6
 
 
 if __name__ == "__main__":

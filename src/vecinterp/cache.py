@@ -3,6 +3,7 @@
 import contextlib
 import difflib
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import nn
 
-from .hooks.hook_point import _EDIT_LOG
+from .hooks.hook_point import _RECORDER, HookPoint
 
 if TYPE_CHECKING:
     from .model import HookedVectorTransformer
@@ -149,8 +150,20 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+_LAST_RECORD: "weakref.WeakKeyDictionary[nn.Module, _Weights]" = weakref.WeakKeyDictionary()
+
+
 def _record_weights(model: nn.Module) -> _Weights:
-    """``model``'s weights now (see :class:`_Weights`): tens of microseconds."""
+    """``model``'s weights now (see :class:`_Weights`): the last record of ``model`` when
+    nothing changed since (tens of microseconds), else a new one."""
+    last = _LAST_RECORD.get(model)
+    if last is not None and not _changed_weights(last):
+        return last
+    _LAST_RECORD[model] = record = _walk_weights(model)
+    return record
+
+
+def _walk_weights(model: nn.Module) -> _Weights:
     modules: list[tuple[str, dict[str, Any], str, Any]] = []
     tensors: list[tuple[str, dict[str, Any], str, torch.Tensor, int, int]] = []
     sizes: list[tuple[str, dict[str, Any], int]] = []
@@ -208,37 +221,83 @@ def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
     )
 
 
-@contextlib.contextmanager
-def _recording_edits() -> Iterator[set[Any]]:
-    """Collect, for the forward passes of the calling thread inside the block, the hook
-    points where a hook replaced the activation or wrote into it (its version counter
-    moved). Under ``torch.inference_mode`` tensors have no version counter, so only
-    replacements are seen (``run_with_cache`` counts every hooked point as edited there).
-    Nested blocks each collect their own."""
-    previous = getattr(_EDIT_LOG, "points", None)
-    points: set[Any] = set()
-    _EDIT_LOG.points = points
-    try:
-        yield points
-    finally:
-        _EDIT_LOG.points = previous
+class _Recorder:
+    """What ``run_with_cache`` learns while its forward runs in the calling thread.
 
+    Installed by :meth:`recording`; ``HookPoint.forward`` calls :meth:`before` and
+    :meth:`after` around a point's hooks (only on its hooked path), and :meth:`save` is the
+    caching hook, the last one at each cached point.
 
-def _check_not_written_later(
-    names: Sequence[str], store: Mapping[str, torch.Tensor], versions: Mapping[str, int]
-) -> None:
-    """For ``run_with_cache(incl_bwd=True)``: refuse when a hook wrote in place into a
-    tensor after it was cached at an earlier point (``resid_post`` of block ``l`` is the
-    tensor ``resid_pre`` of ``l + 1`` receives): autograd then differentiates the written
-    tensor, so the earlier point's gradient would silently be the later one's."""
-    for name in names:
-        if name in versions and store[name]._version != versions[name]:
-            raise ValueError(
-                f"incl_bwd=True: a hook after {name!r} wrote in place into the tensor that "
-                f"flowed there (a later hook point receives the same tensor), so the "
-                f"gradient with respect to what flowed at {name!r} cannot be taken; return "
-                "an edited tensor from that hook instead of writing into its input"
-            )
+    - ``values``: each cached activation as it left its point, detached. When a point with
+      a hook of this run receives a tensor that shares storage with a cached one
+      (``resid_pre`` of block ``l + 1`` is the tensor ``resid_post`` of ``l`` put out), the
+      cached one is copied before that hook runs, so a hook writing into its input cannot
+      reach it. Copy on write: a run without such a hook copies nothing.
+    - ``graph`` and ``versions``: with ``incl_bwd``, the activations attached to the graph
+      (for the gradients) and their version counters when cached.
+    - ``edited``: the points where a hook replaced the activation or wrote into it (its
+      version counter moved; inference tensors have none, so there only replacements).
+
+    Args:
+        hooked: the points with a forward hook of this thread's, ours aside (taken when
+            the run begins).
+        incl_bwd: whether gradients will be taken.
+    """
+
+    def __init__(self, hooked: frozenset[HookPoint], incl_bwd: bool):
+        self.hooked = hooked
+        self.incl_bwd = incl_bwd
+        self.values: dict[str, torch.Tensor] = {}
+        self.graph: dict[str, torch.Tensor] = {}
+        self.versions: dict[str, int] = {}
+        self.edited: set[HookPoint] = set()
+        self._uncopied: dict[int, list[str]] = {}  # storage address -> cached names
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["_Recorder"]:
+        """Make this the calling thread's recorder for the block (nested ones restore)."""
+        previous = getattr(_RECORDER, "current", None)
+        _RECORDER.current = self
+        try:
+            yield self
+        finally:
+            _RECORDER.current = previous
+
+    def save(self, act: torch.Tensor, hook: HookPoint) -> None:
+        """The caching hook."""
+        name = hook.name
+        if self.incl_bwd:
+            self.graph[name] = act
+            self.versions[name] = _version(act)
+        self.values[name] = act.detach()
+        if self.hooked:
+            self._uncopied.setdefault(act.untyped_storage().data_ptr(), []).append(name)
+
+    def before(self, point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``x`` is about to go through ``point``'s hooks."""
+        if self._uncopied and point in self.hooked:
+            for name in self._uncopied.pop(x.untyped_storage().data_ptr(), ()):
+                self.values[name] = self.values[name].clone()
+        return x, _version(x)
+
+    def after(self, point: HookPoint, token: tuple[torch.Tensor, int], x: torch.Tensor) -> None:
+        """``x`` leaves ``point``; ``token`` is what :meth:`before` returned."""
+        x_in, v_in = token
+        if x is not x_in or (v_in >= 0 and _version(x) != v_in):
+            self.edited.add(point)
+
+    def check_gradients(self, names: Sequence[str]) -> None:
+        """Refuse when a hook wrote into a cached tensor after it was cached: autograd
+        then differentiates the written tensor, so that point's gradient would silently be
+        the later point's."""
+        for name in names:
+            if _version(self.graph[name]) != self.versions[name]:
+                raise ValueError(
+                    f"incl_bwd=True: a hook after {name!r} wrote in place into the tensor "
+                    "that flowed there (a later hook point receives the same tensor), so the "
+                    f"gradient with respect to what flowed at {name!r} cannot be taken; "
+                    "return an edited tensor from that hook instead of writing into its input"
+                )
 
 
 def _resid_points(cfg: Any, ell: int, mlp_input: bool) -> list[str]:

@@ -18,11 +18,11 @@ replacement (a tensor, or a one-element tuple ``(grad,)`` as TransformerLens all
 # never changes under it. This lock serialises the writers; readers never take it.
 _EDIT_LOCK = threading.Lock()
 
-# While a run_with_cache records (vecinterp.cache._recording_edits), `_EDIT_LOG.points` is
-# the set of hook points of this thread's forward where a hook replaced the activation or
-# changed it in place (its tensor's version counter moved). Per thread; read only on the
-# hooked path of `HookPoint.forward`, never on the no-hook fast path.
-_EDIT_LOG = threading.local()
+# While run_with_cache runs a forward in this thread, `_RECORDER.current` is its recorder
+# (vecinterp.cache._Recorder): the hooked path of `HookPoint.forward` shows it each
+# activation before the point's hooks run and after, so that it can keep what flowed at
+# every point and see which hooks edited. Never read on the no-hook fast path.
+_RECORDER = threading.local()
 
 
 class HookHandle:
@@ -174,8 +174,8 @@ class HookPoint(nn.Module):
         if not (self._fwd or self._bwd):
             return x
         fwd, bwd = self._fwd, self._bwd  # snapshots: writers replace, never edit
-        log = getattr(_EDIT_LOG, "points", None)
-        x_in, v_in = x, (x._version if log is not None and not x.is_inference() else -1)
+        recorder = getattr(_RECORDER, "current", None)
+        token = None if recorder is None else recorder.before(self, x)
         me: threading.Thread | None = None
         for handle in fwd:
             if handle.owner is not None:
@@ -187,8 +187,8 @@ class HookPoint(nn.Module):
             if out is not None:
                 _check_replacement(out, x, self, handle.fn, "forward hook", "activation")
                 x = out
-        if log is not None and (x is not x_in or (v_in >= 0 and x._version != v_in)):
-            log.add(self)  # inference tensors have no version: run_with_cache handles them
+        if recorder is not None:
+            recorder.after(self, token, x)
         if bwd and x.requires_grad:
             for handle in bwd:
                 if handle.owner is not None:

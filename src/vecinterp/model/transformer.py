@@ -286,10 +286,9 @@ class HookedVectorTransformer(HookedModule):
             ``incl_bwd``, a ``relu`` MLP's ``hook_post`` with no hook attached is not
             stored but recomputed bit for bit from ``hook_pre`` when first read
             (``relu`` has no weights and no rounding); the cache lists it all the same.
-            When a forward hook of this thread is attached anywhere, each entry is copied
-            as it leaves its hook point, so a hook further on that writes into a tensor
-            shared with it (``resid_post`` of block ``l`` is ``resid_pre`` of ``l + 1``)
-            cannot change it.
+            A hook further on that writes into a tensor shared with a cached entry
+            (``resid_post`` of block ``l`` is the tensor ``resid_pre`` of ``l + 1``
+            receives) cannot change the entry: it is copied just before that hook runs.
 
         The cache also records, at no measurable cost, the model's weights as the run
         began (each tensor's identity and version counter, no copy: analyses that read
@@ -316,12 +315,11 @@ class HookedVectorTransformer(HookedModule):
 
         from ..cache import (
             ActivationCache,
-            _check_not_written_later,
             _exact_derivations,
             _hooked_points,
             _own_storage,
             _record_weights,
-            _recording_edits,
+            _Recorder,
         )
 
         known = [p for p in inspect.signature(self.forward).parameters if p != "x"]
@@ -344,61 +342,47 @@ class HookedVectorTransformer(HookedModule):
                 "e.g. loss_fn=lambda y: vi.masked_mse(y, targets)"
             )
         weights = _record_weights(self)  # as the run begins: analyses check them later
-        store: dict[str, torch.Tensor] = {}  # what flowed, as the forward holds it
-        kept: dict[str, torch.Tensor] = {}  # copies, when a later hook could write into it
-        versions: dict[str, int] = {}  # with incl_bwd: each saved tensor's version then
-
         # the run's own hooks first: they decide what may be recomputed, and they run
         # before the caching hooks, so the cache holds what flowed after them
         with self.hooks(fwd_hooks=list(fwd_hooks)):
             hooked = _hooked_points(self)
-
-            def save(act: torch.Tensor, hook: HookPoint) -> None:
-                store[hook.name] = act
-                if hooked:  # copy what flowed here before a later hook can write into it
-                    kept[hook.name] = act.detach().clone()
-                    if incl_bwd:
-                        versions[hook.name] = act._version
-
+            rec = _Recorder(frozenset(self.hook_dict[n] for n in hooked), incl_bwd)
             derived = {}
             if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
                 derived = _exact_derivations(self, names)
                 names = [n for n in names if n not in derived]
-            with (
-                _recording_edits() as edits,
-                self.hooks(fwd_hooks=[(name, save) for name in names]),
-            ):
+            with rec.recording(), self.hooks(fwd_hooks=[(name, rec.save) for name in names]):
                 if incl_bwd:
                     with torch.enable_grad():
                         out = self(x, **forward_kwargs)
                         loss = loss_fn(out)  # type: ignore[misc]
                         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                             raise ValueError("loss_fn must return a scalar tensor")
-                        needing = [n for n in names if n in store and store[n].requires_grad]
+                        graph = rec.graph
+                        needing = [n for n in names if n in graph and graph[n].requires_grad]
                         if not needing:
                             raise ValueError(
                                 "incl_bwd=True but no cached activation requires grad: "
                                 "are the model's parameters frozen (requires_grad=False)?"
                             )
-                        _check_not_written_later(needing, store, versions)
+                        rec.check_gradients(needing)
                         grads = torch.autograd.grad(
-                            loss, [store[n] for n in needing], allow_unused=True
+                            loss, [graph[n] for n in needing], allow_unused=True
                         )
                     for n, g in zip(needing, grads, strict=True):
-                        grad = torch.zeros_like(store[n]) if g is None else g
-                        (kept if hooked else store)[n + "_grad"] = grad
+                        rec.values[n + "_grad"] = torch.zeros_like(graph[n]) if g is None else g
                 else:
                     out = self(x, **forward_kwargs)
         acts = {
             name: (t.detach() if device is None else t.detach().to(device))
-            for name, t in (kept if hooked else store).items()
+            for name, t in rec.values.items()
         }
         _own_storage(acts, self)  # e.g. hook_pos_embed, a view of W_pos
         if isinstance(out, torch.Tensor) and incl_bwd:
             out = out.detach()
         # start_at_layer / stop_at_layer skip blocks: derive only what ran
         derived = {k: v for k, v in derived.items() if v[0] in acts}
-        edited = {name for name, point in self.hook_dict.items() if point in edits}
+        edited = {name for name, point in self.hook_dict.items() if point in rec.edited}
         if torch.is_inference_mode_enabled():  # no version counters: a write is unseen
             edited |= hooked
         return out, ActivationCache(
