@@ -194,6 +194,32 @@ def test_a_moved_cache_keeps_the_runs_record():
     _, fresh = model.run_with_cache(x)  # a new run is fine
     attr = direct_attribution(model, fresh, targets)
     assert gap(attr.total(), rhs(model, fresh["out"], targets)) <= IDENTITY
+    with torch.no_grad():
+        model.unembed.W_U.neg_()  # and refused in turn once the weights change again
+    with pytest.raises(ValueError, match=r"unembed\.W_U changed"):
+        direct_attribution(model, fresh, targets)
+
+
+def test_a_copied_cache_checks_its_copied_model():
+    model, x, targets = setup()
+    _, cache = model.run_with_cache(x)
+    before = direct_attribution(model, cache, targets).values
+    twin = copy.deepcopy(cache)  # a copy of the model comes along, with new tensors
+    assert twin.model is not model
+    assert torch.equal(direct_attribution(twin.model, twin, targets).values, before)
+    assert torch.equal(twin.decompose_resid(apply_ln=True), cache.decompose_resid(apply_ln=True))
+    with torch.no_grad():
+        twin.model.blocks[0].ln1.w.mul_(2.0)
+    with pytest.raises(ValueError, match=r"blocks\.0\.ln1\.w changed"):
+        twin.accumulated_resid(layer=0, apply_ln=True)
+    cache.accumulated_resid(layer=0, apply_ln=True)  # the original's model is untouched
+    with torch.no_grad():
+        model.blocks[1].ln2.w.mul_(2.0)
+    stale = copy.deepcopy(cache)  # copied after the change: still refused
+    with pytest.raises(ValueError, match=r"blocks\.1\.ln2\.w changed"):
+        stale.decompose_resid(apply_ln=True)
+    with pytest.raises(ValueError, match=r"blocks\.1\.ln2\.w changed"):
+        stale.to("cpu").decompose_resid(apply_ln=True)
 
 
 # ---------------------------------------------------------------- hook edits

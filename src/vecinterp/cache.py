@@ -415,6 +415,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         self.model = model
         self.cfg = model.cfg
         self._weights = _record_weights(model) if _weights is None else _weights
+        self._stale: list[str] = []  # weights found changed when this cache was copied
         for arg, points in (("hooked_points", hooked_points), ("edited_points", edited_points)):
             if isinstance(points, str):
                 raise TypeError(f"{arg} must be an iterable of hook names, got a str {points!r}")
@@ -520,7 +521,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
     def to(self, device: str | torch.device) -> "ActivationCache":
         """A copy with every tensor moved to ``device``."""
-        return ActivationCache(
+        moved = ActivationCache(
             {k: v.to(device) for k, v in self.cache_dict.items()},
             self.model,
             derived=self._pending,
@@ -528,11 +529,26 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             edited_points=self.edited_points,
             _weights=self._weights,
         )
+        moved._stale = list(self._stale)
+        return moved
 
     # -- what the run assumed ----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickling) keeps what the weights check found at the
+        time of copying (the copy's model holds new tensors: it is recorded afresh)."""
+        state = self.__dict__.copy()
+        state["_weights"] = self._stale + _changed_weights(self._weights)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        stale = state.pop("_weights")
+        self.__dict__.update(state)
+        self._stale = stale
+        self._weights = _record_weights(self.model)
+
     def _check_weights(self, what: str) -> None:
         """Refuse (``ValueError``) if the model's weights changed since the run."""
-        changed = _changed_weights(self._weights)
+        changed = self._stale + _changed_weights(self._weights)
         if changed:
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
             raise ValueError(
