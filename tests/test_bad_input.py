@@ -394,3 +394,45 @@ def test_cache_negative_layers_count_from_the_end(cache):
     assert cache["pattern", -2] is cache["blocks.0.attn.hook_pattern"]
     assert cache["resid_post", -1] is cache["blocks.1.hook_resid_post"]
     assert not torch.equal(cache["pattern", -1], cache["pattern", 0])
+
+
+def test_cache_key_errors_name_the_part_of_the_key(cache):
+    with pytest.raises(ValueError, match=re.escape("cache[('pattern', 5)]: the layer index")):
+        cache["pattern", 5]
+    with pytest.raises(KeyError, match="the name: unknown short activation name 'nope'"):
+        cache["nope", 0]
+    with pytest.raises(KeyError, match="only goes with 'scale' or 'normalized'"):
+        cache["resid_pre", 0, "bogus"]
+    with pytest.raises(KeyError, match=re.escape("(name, layer[, sub])")):
+        cache["scale", 0, "ln1", 4]
+
+
+def test_act_name_checks_its_arguments():
+    from vecinterp.cache import act_name
+
+    with unchecked(), pytest.raises(TypeError, match="name must be a str"):
+        act_name(5)  # type: ignore[arg-type]
+    with unchecked(), pytest.raises(TypeError, match="layer must be an int, got float 1.5"):
+        act_name("pattern", 1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sub must be 'ln1' or 'ln2'"):
+        act_name("scale", 0, "ln3")
+
+
+def test_apply_ln_to_stack_checks_the_stack(model, x):
+    cache = model.run_with_cache(x)[1]
+    d_model = cache.cfg.d_model
+    batch, pos = cache["resid_post", -1].shape[:2]
+    with unchecked(), pytest.raises(ValueError, match=f"last axis must be d_model={d_model}"):
+        cache.apply_ln_to_stack(torch.zeros(1, batch, pos, d_model + 1))
+    with pytest.raises(ValueError, match="residual_stack contains NaN or inf"):
+        cache.apply_ln_to_stack(torch.full((1, batch, pos, d_model), float("nan")))
+    with unchecked(), pytest.raises(TypeError, match="residual_stack must be a tensor"):
+        cache.apply_ln_to_stack([1.0, 2.0])  # type: ignore[arg-type]
+
+
+def test_run_with_cache_checks_incl_bwd_and_loss_fn(model):
+    x = torch.randn(2, 3, model.cfg.d_in)
+    with unchecked(), pytest.raises(TypeError, match="incl_bwd must be a bool"):
+        model.run_with_cache(x, incl_bwd="yes")  # type: ignore[arg-type]
+    with unchecked(), pytest.raises(TypeError, match="loss_fn must be a function"):
+        model.run_with_cache(x, incl_bwd=True, loss_fn=3)  # type: ignore[arg-type]

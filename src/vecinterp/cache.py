@@ -66,6 +66,12 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
         >>> act_name("scale", 1, "ln2"), act_name("embed"), act_name("scale")
         ('blocks.1.ln2.hook_scale', 'hook_embed', 'ln_final.hook_scale')
     """
+    if not isinstance(name, str):
+        raise TypeError(f"act_name: name must be a str, got {type(name).__name__} {name!r}")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+        raise TypeError(f"act_name: layer must be an int, got {type(layer).__name__} {layer!r}")
+    if sub is not None and sub not in ("ln1", "ln2"):
+        raise ValueError(f"act_name: sub must be 'ln1' or 'ln2' (the norm of a block), got {sub!r}")
     if "." in name or name.startswith("hook_"):
         return name
     if layer is None:
@@ -461,10 +467,22 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 )
             return key
         if isinstance(key, tuple) and key and isinstance(key[0], str):
+            if len(key) > 3:
+                raise KeyError(f"cache keys are a hook name or (name, layer[, sub]), got {key!r}")
             name, layer, sub = (list(key) + [None, None])[:3]
-            if layer is not None:
-                layer = self._layer(layer)
-            return act_name(name, layer, sub)
+            if sub is not None and name not in ("scale", "normalized"):
+                raise KeyError(
+                    f"cache[{key!r}]: the third element (sub) selects a norm, 'ln1' or 'ln2', "
+                    f"and only goes with 'scale' or 'normalized', not {name!r}"
+                )
+            try:
+                if layer is not None:
+                    layer = self._layer(layer)
+                return act_name(name, layer, sub)
+            except (ValueError, TypeError) as err:
+                raise type(err)(f"cache[{key!r}]: the layer index: {err}") from None
+            except KeyError as err:
+                raise KeyError(f"cache[{key!r}]: the name: {err.args[0]}") from None
         raise KeyError(f"cache keys are a hook name or (name, layer[, sub]), got {key!r}")
 
     def __getitem__(self, key: Any) -> torch.Tensor:
@@ -834,6 +852,23 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if key not in self.cache_dict:
             raise KeyError(f"apply_ln_to_stack needs {key!r} in the cache (check names_filter)")
         scale = self.cache_dict[key]
+        if not isinstance(residual_stack, torch.Tensor) or residual_stack.ndim < 3:
+            raise TypeError(
+                f"{what}: residual_stack must be a tensor [..., batch, pos, d_model], got "
+                f"{type(residual_stack).__name__}"
+                + (
+                    f" of shape {tuple(residual_stack.shape)}"
+                    if hasattr(residual_stack, "shape")
+                    else ""
+                )
+            )
+        if residual_stack.shape[-1] != self.cfg.d_model:
+            raise ValueError(
+                f"{what}: residual_stack's last axis must be d_model={self.cfg.d_model}, got "
+                f"shape {tuple(residual_stack.shape)}"
+            )
+        if not bool(torch.isfinite(residual_stack).all()):
+            raise ValueError(f"{what}: residual_stack contains NaN or inf")
         if residual_stack.shape[-3:-1] != scale.shape[-3:-1]:
             raise ValueError(
                 f"residual_stack [..., batch, pos, d_model] {tuple(residual_stack.shape)} does not "

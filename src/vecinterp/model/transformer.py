@@ -336,6 +336,13 @@ class HookedVectorTransformer(HookedModule):
                     f"arguments of forward(): {', '.join(known)}"
                 )
         names = self.hook_names(names_filter)
+        if not isinstance(incl_bwd, bool):
+            raise TypeError(f"run_with_cache: incl_bwd must be a bool, got {incl_bwd!r}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(
+                f"run_with_cache: loss_fn must be a function from the output to a scalar, "
+                f"got {type(loss_fn).__name__}"
+            )
         if incl_bwd and loss_fn is None:
             raise ValueError(
                 "incl_bwd=True needs loss_fn, a function from the output to a scalar, "
