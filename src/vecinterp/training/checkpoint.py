@@ -37,6 +37,7 @@ from safetensors.torch import save_file
 
 from ..model.io import CHECKSUM_KEY, read_tensors, tensor_checksum
 from ..model.io import _swap_in as swap_in
+from ..model.io import fsync_dir as _fsync_dir
 from ..model.io import load as load_model
 from ..model.io import save_new as save_model
 from ..model.transformer import HookedVectorTransformer
@@ -400,19 +401,6 @@ def _fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         _fsync_dir(Path(folder))
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # directories cannot be opened on some platforms (Windows)
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
