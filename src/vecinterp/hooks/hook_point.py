@@ -1,7 +1,7 @@
 """A named place in the forward pass where an activation can be read or edited."""
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -176,13 +176,7 @@ class HookPoint(nn.Module):
         fwd, bwd = self._fwd, self._bwd  # snapshots: writers replace, never edit
         recorder = getattr(_RECORDER, "current", None)
         token = None if recorder is None else recorder.before(self, x)
-        me: threading.Thread | None = None
-        for handle in fwd:
-            if handle.owner is not None:
-                if me is None:
-                    me = threading.current_thread()
-                if handle.owner is not me:
-                    continue
+        for handle in _visible(fwd):
             out = handle.fn(x, hook=self)
             if out is not None:
                 _check_replacement(out, x, self, handle.fn, "forward hook", "activation")
@@ -190,12 +184,7 @@ class HookPoint(nn.Module):
         if recorder is not None:
             recorder.after(self, token, x)
         if bwd and x.requires_grad:
-            for handle in bwd:
-                if handle.owner is not None:
-                    if me is None:
-                        me = threading.current_thread()
-                    if handle.owner is not me:
-                        continue
+            for handle in _visible(bwd):
                 x.register_hook(_grad_hook(handle.fn, self))
         return x
 
@@ -209,6 +198,18 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
+
+
+def _visible(handles: list[HookHandle]) -> Iterator[HookHandle]:
+    """The hooks the calling thread sees: global ones and its own scoped ones."""
+    me: threading.Thread | None = None
+    for handle in handles:
+        if handle.owner is not None:
+            if me is None:
+                me = threading.current_thread()
+            if handle.owner is not me:
+                continue
+        yield handle
 
 
 def _check_replacement(
