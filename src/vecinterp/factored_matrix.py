@@ -11,6 +11,10 @@ Axis names used in the annotations:
 - ``*batch``: leading dims shared by ``A`` and ``B`` (e.g. ``n_layers n_heads``),
 - ``ldim``: rows of ``AB`` (``m``), ``rdim``: columns of ``AB`` (``n``),
 - ``mdim``: the inner dim ``k`` that ``AB`` is factored through.
+
+The file is long (about 500 lines) but holds one concept, one class: every method answers
+a question about ``AB`` from its two factors, and :func:`linalg_dtype` is the one helper
+those methods share; most of the length is the math in the docstrings.
 """
 
 from collections.abc import Iterator
