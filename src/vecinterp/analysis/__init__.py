@@ -37,7 +37,8 @@ from .geometry import (
     logit_lens,
     ov_linearity,
 )
-from .patching import activation_patching, patch_hook, patch_qk_identity
+from .patching import activation_patching, patch_hook
+from .qk_patch import patch_qk_identity
 from .scores import CompositionBaseline, composition_baseline, composition_scores, eigenvalue_scores
 
 __all__ = [
