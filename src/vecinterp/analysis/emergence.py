@@ -27,6 +27,11 @@ with ``A [batch, n_heads, dest_pos, src_pos]`` the layer's attention pattern. ``
 This module reads the checkpoint layout of :func:`vecinterp.train`
 (``checkpoint_dir/step_XXXXXXXX/model/``, the step also in the saved model's metadata)
 itself, with :func:`vecinterp.load`, so that analysis does not import the training layer.
+
+The file is long (about 500 lines) but holds one measurement, in three parts that only
+make sense together: the measure at one checkpoint (:func:`path_attention`), the sweep over
+a run's checkpoints that repeats it (:func:`emergence`) and the table the sweep returns
+(:class:`EmergenceTable`).
 """
 
 import csv
