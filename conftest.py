@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 # path (relative to this file) -> the optional package its doctests import
 _NEEDS = {
-    "src/vecinterp/plot.py": "matplotlib",  # the "plot" extra
+    "src/vecinterp/plot": "matplotlib",  # the "plot" extra
     "src/vecinterp/interop": "transformer_lens",  # interop with TransformerLens
 }
 

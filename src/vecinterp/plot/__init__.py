@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         'Install the plot extra: pip install "vecinterp[plot]"'
     ) from exc
 
-from .factored_matrix import FactoredMatrix
+from ..factored_matrix import FactoredMatrix
 
 __all__ = [
     "add_note",
