@@ -1,0 +1,48 @@
+"""Private helpers shared by the ablation modules (:mod:`vecinterp.analysis.ablation`):
+the replacement kinds, the argument checks for kinds, head and position indices, and the
+type of a ``population=`` argument."""
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+KINDS = ("zero", "mean", "resample")
+_HEAD_HOOKS = ("z", "result")
+
+Population = torch.Tensor | Mapping[str, torch.Tensor]
+"""A population batch of inputs ``[n, pos, d_in]``, or the means
+:func:`~vecinterp.mean_activations` computed from one (hook name to ``[pos, ...]``)."""
+
+
+def _check_choice(value: object, allowed: tuple[str, ...], what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, one of {allowed}, got {type(value).__name__}")
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def _index_list(value: object, what: str) -> list[int] | None:
+    """``None``, an int or an iterable of ints (a 0/1-D integer tensor too) as a list."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and value.ndim <= 1 and not value.is_floating_point():
+        value = value.reshape(-1).tolist()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        items = list(value)
+        if all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            if not items:
+                raise ValueError(f"{what} is empty: select at least one index")
+            return items
+    raise TypeError(f"{what} must be None, an int or a sequence of ints, got {value!r}")
+
+
+def _axis_mask(indices: list[int], size: int, what: str, name: str) -> torch.Tensor:
+    bad = [i for i in indices if not -size <= i < size]
+    if bad:
+        raise ValueError(f"{what} {bad} out of range for {name!r}, which has {size} {what}")
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[[i % size for i in indices]] = True
+    return mask
