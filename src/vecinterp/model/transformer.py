@@ -310,95 +310,20 @@ class HookedVectorTransformer(HookedModule):
             >>> bool((cache["result", 0][:, :, 0] == 0).all())
             True
         """
-        # the cache layer sits above the model layer
-        import inspect
+        # The cache layer sits above the model layer (vecinterp.cache imports the model's
+        # types, never the reverse at import time): this method is the model's one way up,
+        # an import when it is called, of the module that builds the cache.
+        from ..cache.recording import run_with_cache
 
-        from ..cache import (
-            ActivationCache,
-            _exact_derivations,
-            _hooked_points,
-            _own_storage,
-            _record_weights,
-            _Recorder,
-        )
-
-        known = [p for p in inspect.signature(self.forward).parameters if p != "x"]
-        for key in forward_kwargs:
-            if key not in known:
-                hint = (
-                    ": the cache always keeps the batch axis (index cache[name][0] for one item)"
-                    if key == "remove_batch_dim"
-                    else ""
-                )
-                raise TypeError(
-                    f"run_with_cache() got an unexpected keyword argument {key!r}{hint}; it "
-                    "takes names_filter, incl_bwd, loss_fn, device, fwd_hooks and the "
-                    f"arguments of forward(): {', '.join(known)}"
-                )
-        names = self.hook_names(names_filter)
-        if not isinstance(incl_bwd, bool):
-            raise TypeError(f"run_with_cache: incl_bwd must be a bool, got {incl_bwd!r}")
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(
-                f"run_with_cache: loss_fn must be a function from the output to a scalar, "
-                f"got {type(loss_fn).__name__}"
-            )
-        if incl_bwd and loss_fn is None:
-            raise ValueError(
-                "incl_bwd=True needs loss_fn, a function from the output to a scalar, "
-                "e.g. loss_fn=lambda y: vi.masked_mse(y, targets)"
-            )
-        weights = _record_weights(self)  # as the run begins: analyses check them later
-        # the run's own hooks first: they decide what may be recomputed, and they run
-        # before the caching hooks, so the cache holds what flowed after them
-        with self.hooks(fwd_hooks=list(fwd_hooks)):
-            hooked = _hooked_points(self)
-            rec = _Recorder(frozenset(self.hook_dict[n] for n in hooked), incl_bwd)
-            derived = {}
-            if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
-                derived = _exact_derivations(self, names)
-                names = [n for n in names if n not in derived]
-            with rec.recording(), self.hooks(fwd_hooks=[(name, rec.save) for name in names]):
-                if incl_bwd:
-                    with torch.enable_grad():
-                        out = self(x, **forward_kwargs)
-                        loss = loss_fn(out)  # type: ignore[misc]
-                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                            raise ValueError("loss_fn must return a scalar tensor")
-                        graph = rec.graph
-                        needing = [n for n in names if n in graph and graph[n].requires_grad]
-                        if not needing:
-                            raise ValueError(
-                                "incl_bwd=True but no cached activation requires grad: "
-                                "are the model's parameters frozen (requires_grad=False)?"
-                            )
-                        rec.check_gradients(needing)
-                        grads = torch.autograd.grad(
-                            loss, [graph[n] for n in needing], allow_unused=True
-                        )
-                    for n, g in zip(needing, grads, strict=True):
-                        rec.values[n + "_grad"] = torch.zeros_like(graph[n]) if g is None else g
-                else:
-                    out = self(x, **forward_kwargs)
-        acts = {
-            name: (t.detach() if device is None else t.detach().to(device))
-            for name, t in rec.values.items()
-        }
-        _own_storage(acts, self)  # e.g. hook_pos_embed, a view of W_pos
-        if isinstance(out, torch.Tensor) and incl_bwd:
-            out = out.detach()
-        # start_at_layer / stop_at_layer skip blocks: derive only what ran
-        derived = {k: v for k, v in derived.items() if v[0] in acts}
-        edited = {name for name, point in self.hook_dict.items() if point in rec.edited}
-        if torch.is_inference_mode_enabled():  # no version counters: a write is unseen
-            edited |= hooked
-        return out, ActivationCache(
-            acts,
+        return run_with_cache(
             self,
-            derived=derived,
-            hooked_points=hooked,
-            edited_points=edited,
-            _weights=weights,
+            x,
+            names_filter,
+            incl_bwd=incl_bwd,
+            loss_fn=loss_fn,
+            device=device,
+            fwd_hooks=fwd_hooks,
+            **forward_kwargs,
         )
 
     # -- conveniences -----------------------------------------------------------------

@@ -1,0 +1,264 @@
+"""How ``run_with_cache`` builds a cache: it runs the model with a recorder on its hook
+points and hands what flowed to an :class:`~vecinterp.ActivationCache`.
+
+:meth:`HookedVectorTransformer.run_with_cache <vecinterp.HookedVectorTransformer.run_with_cache>`
+calls :func:`run_with_cache` here. Building the cache is the cache layer's work, and the
+cache layer sits above the model layer: this module uses the model it is given, and the
+model reaches this module only by an import when its method is called.
+
+- :class:`_Recorder`: what the run learns at each hook point (installed through
+  :mod:`vecinterp.hooks.hook_point`'s per-thread recorder slot): the values, which hooks
+  edited, and, for gradients, the tensors attached to the graph.
+- :func:`_exact_derivations`: the activations that need not be stored because they follow
+  bit for bit from another (a ``relu`` MLP's ``hook_post``).
+- :func:`_own_storage`: copies of the activations that are views of the weights.
+"""
+
+import contextlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+
+from ..hooks import NameFilter
+from ..hooks.hook_point import _RECORDER, HookPoint
+from .activation_cache import ActivationCache
+from .weights_record import _record_weights, _version
+
+if TYPE_CHECKING:
+    from ..model import HookedVectorTransformer
+    from ..model.components import TransformerBlock
+
+
+_EXACT_ACT_FNS = (F.relu, torch.relu)
+"""Nonlinearities whose recomputation is exact on any device, dtype and thread count:
+``relu`` is ``max(x, 0)``, with no rounding. (``gelu``, ``silu`` and friends may differ in
+the last bit between a vectorised and a scalar path, so their output is stored.)"""
+
+
+def _exact_derivations(
+    model: "HookedVectorTransformer", names: Sequence[str]
+) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
+    """Of the hook names ``names``, those ``run_with_cache`` may leave out because the
+    cache can recompute them bit for bit from another cached activation of the same run:
+    ``blocks.{l}.mlp.hook_post`` when the block's ``act_fn`` is ``relu`` (captured now, so
+    a later change of ``act_fn`` does not matter), ``hook_pre`` is cached, and no hook is
+    attached at ``hook_post`` (a hook could edit what flows there). Call it with the run's
+    hooks attached. Returns ``name -> (source name, function of the source)``."""
+    out: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {}
+    wanted = set(names)
+    for name in names:
+        if not name.endswith(".mlp.hook_post"):
+            continue
+        source = name[: -len("hook_post")] + "hook_pre"
+        layer = int(name.split(".")[1])
+        act_fn = cast("TransformerBlock", model.blocks[layer]).mlp.act_fn
+        if (
+            source in wanted
+            and any(act_fn is f for f in _EXACT_ACT_FNS)
+            and not model.hook_dict[name].has_hooks
+        ):
+            out[name] = (source, act_fn)
+    return out
+
+
+def _own_storage(acts: dict[str, torch.Tensor], model: "HookedVectorTransformer") -> None:
+    """Copy, in place in ``acts``, every activation that is a view of a parameter or
+    buffer of ``model`` (``hook_pos_embed`` is ``W_pos`` broadcast over the batch), so
+    that a later change of the weights (in place, ``load_state_dict``) cannot reach the
+    cache. A broadcast axis stays broadcast: only the distinct values are copied."""
+    weights = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    for name, t in acts.items():
+        if t.untyped_storage().data_ptr() in weights:
+            # the distinct values: one entry along each broadcast (stride-0) axis
+            index = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in t.stride())
+            acts[name] = t[index].clone().expand(t.shape)
+
+
+def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
+    """The hook points where a forward hook is attached that the calling thread's forward
+    passes call (hooks every thread sees, and this thread's scoped hooks)."""
+    me = threading.current_thread()
+    return frozenset(
+        name
+        for name, point in model.hook_dict.items()
+        if any(h.owner is None or h.owner is me for h in point._fwd)
+    )
+
+
+class _Recorder:
+    """What ``run_with_cache`` learns while its forward runs in the calling thread.
+
+    Installed by :meth:`recording`; ``HookPoint.forward`` calls :meth:`before` and
+    :meth:`after` around a point's hooks (only on its hooked path), and :meth:`save` is the
+    caching hook, the last one at each cached point.
+
+    - ``values``: each cached activation as it left its point, detached. When a point with
+      a hook of this run receives a tensor that shares storage with a cached one
+      (``resid_pre`` of block ``l + 1`` is the tensor ``resid_post`` of ``l`` put out), the
+      cached one is copied before that hook runs, so a hook writing into its input cannot
+      reach it. Copy on write: a run without such a hook copies nothing.
+    - ``graph`` and ``versions``: with ``incl_bwd``, the activations attached to the graph
+      (for the gradients) and their version counters when cached.
+    - ``edited``: the points where a hook replaced the activation or wrote into it (its
+      version counter moved; inference tensors have none, so there only replacements).
+
+    Args:
+        hooked: the points with a forward hook of this thread's, ours aside (taken when
+            the run begins).
+        incl_bwd: whether gradients will be taken.
+    """
+
+    def __init__(self, hooked: frozenset[HookPoint], incl_bwd: bool):
+        self.hooked = hooked
+        self.incl_bwd = incl_bwd
+        self.values: dict[str, torch.Tensor] = {}
+        self.graph: dict[str, torch.Tensor] = {}
+        self.versions: dict[str, int] = {}
+        self.edited: set[HookPoint] = set()
+        self._uncopied: dict[int, list[str]] = {}  # storage address -> cached names
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["_Recorder"]:
+        """Make this the calling thread's recorder for the block (nested ones restore)."""
+        previous = getattr(_RECORDER, "current", None)
+        _RECORDER.current = self
+        try:
+            yield self
+        finally:
+            _RECORDER.current = previous
+
+    def save(self, act: torch.Tensor, hook: HookPoint) -> None:
+        """The caching hook."""
+        name = hook.name
+        if self.incl_bwd:
+            self.graph[name] = act
+            self.versions[name] = _version(act)
+        self.values[name] = act.detach()
+        if self.hooked:
+            self._uncopied.setdefault(act.untyped_storage().data_ptr(), []).append(name)
+
+    def before(self, point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``x`` is about to go through ``point``'s hooks."""
+        if self._uncopied and point in self.hooked:
+            for name in self._uncopied.pop(x.untyped_storage().data_ptr(), ()):
+                self.values[name] = self.values[name].clone()
+        return x, _version(x)
+
+    def after(self, point: HookPoint, token: tuple[torch.Tensor, int], x: torch.Tensor) -> None:
+        """``x`` leaves ``point``; ``token`` is what :meth:`before` returned."""
+        x_in, v_in = token
+        if x is not x_in or (v_in >= 0 and _version(x) != v_in):
+            self.edited.add(point)
+
+    def check_gradients(self, names: Sequence[str]) -> None:
+        """Refuse when a hook wrote into a cached tensor after it was cached: autograd
+        then differentiates the written tensor, so that point's gradient would silently be
+        the later point's."""
+        for name in names:
+            if _version(self.graph[name]) != self.versions[name]:
+                raise ValueError(
+                    f"incl_bwd=True: a hook after {name!r} wrote in place into the tensor "
+                    "that flowed there (a later hook point receives the same tensor), so the "
+                    f"gradient with respect to what flowed at {name!r} cannot be taken; "
+                    "return an edited tensor from that hook instead of writing into its input"
+                )
+
+
+def run_with_cache(
+    model: "HookedVectorTransformer",
+    x: Float[torch.Tensor, "batch pos d_in"],
+    names_filter: NameFilter = None,
+    *,
+    incl_bwd: bool = False,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    device: str | torch.device | None = None,
+    fwd_hooks: Sequence[Any] = (),
+    **forward_kwargs: Any,
+) -> tuple[Any, ActivationCache]:
+    """Run ``model`` on ``x`` and keep the activations of the selected hook points: the
+    implementation of :meth:`vecinterp.HookedVectorTransformer.run_with_cache`, whose
+    docstring gives the arguments and what the cache holds."""
+
+    known = [p for p in inspect.signature(model.forward).parameters if p != "x"]
+    for key in forward_kwargs:
+        if key not in known:
+            hint = (
+                ": the cache always keeps the batch axis (index cache[name][0] for one item)"
+                if key == "remove_batch_dim"
+                else ""
+            )
+            raise TypeError(
+                f"run_with_cache() got an unexpected keyword argument {key!r}{hint}; it "
+                "takes names_filter, incl_bwd, loss_fn, device, fwd_hooks and the "
+                f"arguments of forward(): {', '.join(known)}"
+            )
+    names = model.hook_names(names_filter)
+    if not isinstance(incl_bwd, bool):
+        raise TypeError(f"run_with_cache: incl_bwd must be a bool, got {incl_bwd!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(
+            f"run_with_cache: loss_fn must be a function from the output to a scalar, "
+            f"got {type(loss_fn).__name__}"
+        )
+    if incl_bwd and loss_fn is None:
+        raise ValueError(
+            "incl_bwd=True needs loss_fn, a function from the output to a scalar, "
+            "e.g. loss_fn=lambda y: vi.masked_mse(y, targets)"
+        )
+    weights = _record_weights(model)  # as the run begins: analyses check them later
+    # the run's own hooks first: they decide what may be recomputed, and they run
+    # before the caching hooks, so the cache holds what flowed after them
+    with model.hooks(fwd_hooks=list(fwd_hooks)):
+        hooked = _hooked_points(model)
+        rec = _Recorder(frozenset(model.hook_dict[n] for n in hooked), incl_bwd)
+        derived = {}
+        if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
+            derived = _exact_derivations(model, names)
+            names = [n for n in names if n not in derived]
+        with rec.recording(), model.hooks(fwd_hooks=[(name, rec.save) for name in names]):
+            if incl_bwd:
+                with torch.enable_grad():
+                    out = model(x, **forward_kwargs)
+                    loss = loss_fn(out)  # type: ignore[misc]
+                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                        raise ValueError("loss_fn must return a scalar tensor")
+                    graph = rec.graph
+                    needing = [n for n in names if n in graph and graph[n].requires_grad]
+                    if not needing:
+                        raise ValueError(
+                            "incl_bwd=True but no cached activation requires grad: "
+                            "are the model's parameters frozen (requires_grad=False)?"
+                        )
+                    rec.check_gradients(needing)
+                    grads = torch.autograd.grad(
+                        loss, [graph[n] for n in needing], allow_unused=True
+                    )
+                for n, g in zip(needing, grads, strict=True):
+                    rec.values[n + "_grad"] = torch.zeros_like(graph[n]) if g is None else g
+            else:
+                out = model(x, **forward_kwargs)
+    acts = {
+        name: (t.detach() if device is None else t.detach().to(device))
+        for name, t in rec.values.items()
+    }
+    _own_storage(acts, model)  # e.g. hook_pos_embed, a view of W_pos
+    if isinstance(out, torch.Tensor) and incl_bwd:
+        out = out.detach()
+    # start_at_layer / stop_at_layer skip blocks: derive only what ran
+    derived = {k: v for k, v in derived.items() if v[0] in acts}
+    edited = {name for name, point in model.hook_dict.items() if point in rec.edited}
+    if torch.is_inference_mode_enabled():  # no version counters: a write is unseen
+        edited |= hooked
+    return out, ActivationCache(
+        acts,
+        model,
+        derived=derived,
+        hooked_points=hooked,
+        edited_points=edited,
+        _weights=weights,
+    )
