@@ -1,4 +1,8 @@
-"""The hookable vector-input, vector-output transformer."""
+"""The hookable vector-input, vector-output transformer.
+
+In the model layer (see :mod:`vecinterp.model`): ``run_with_cache`` hands the run to the
+cache layer above, :mod:`vecinterp.cache.recording`, imported when it is called.
+"""
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
