@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from vecinterp.tasks import induction_claims as ic
+
 pytest.importorskip("matplotlib")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "induction_heads.py"
@@ -149,3 +151,18 @@ def test_scores_are_computed_on_the_settings_of_fast_mode(fast_run, example):
     assert settings == example.asdict(example.FAST)
     m_keys = {int(k) for k in results["heads"]["induction_score_by_m"]}
     assert m_keys == {example.FAST.min_m, example.FAST.max_m}
+
+
+def test_saved_results_are_rejudged_to_the_returned_rows(fast_run, example):
+    # The verdicts are the library's, from the saved numbers and the library's thresholds.
+    _, rows, results = fast_run
+    assert example.THRESHOLDS is ic.THRESHOLDS and results["thresholds"] == ic.THRESHOLDS
+    rejudged = ic.judge_claims(results)
+    assert [(c.number, c.ours, c.value, c.verdict) for c in rejudged] == [
+        (r["number"], r["ours"], r["value"], r["verdict"]) for r in rows
+    ]
+
+
+def test_the_example_stays_short():
+    # Issue 13: the reusable parts live in vecinterp.tasks.induction_claims.
+    assert len(EXAMPLE.read_text().splitlines()) <= 200
