@@ -17,294 +17,60 @@ see ``benchmarks/kill_saves.py``):
 
 Where ``renameat2`` is missing (other systems, some network file systems) the swap is two
 renames; a save killed between them is rolled back to the old save by the next load or save.
+
+This module holds what is about models (the config record, the weights, checking them
+against the config); the file-system steps are in :mod:`vecinterp.model.atomic` and the
+checksummed tensor files in :mod:`vecinterp.model.tensor_files`, whose names are importable
+from here as well.
 """
 
-import contextlib
-import ctypes
-import errno
-import functools
-import hashlib
 import json
 import os
-import secrets
 import shutil
 import stat
-import sys
 import tempfile
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 
+from . import atomic
+from .atomic import _AT_FDCWD as _AT_FDCWD
+from .atomic import _NEW as _NEW
+from .atomic import _OLD as _OLD
+from .atomic import _RENAME_EXCHANGE as _RENAME_EXCHANGE
+from .atomic import _exchange as _exchange
+from .atomic import _fsync_file as _fsync_file
+from .atomic import _leftovers as _leftovers
+from .atomic import _recover as _recover
+from .atomic import _renameat2 as _renameat2
+from .atomic import atomic_write as atomic_write
+from .atomic import directory_lock as directory_lock
+from .atomic import fsync_dir as fsync_dir
 from .config import VectorTransformerConfig
+from .tensor_files import _INT_OF_SIZE as _INT_OF_SIZE
+from .tensor_files import _SHOWN as _SHOWN
+from .tensor_files import CHECKSUM_KEY as CHECKSUM_KEY
+from .tensor_files import _parse_safetensors as _parse_safetensors
+from .tensor_files import read_tensors as read_tensors
+from .tensor_files import refuse_non_finite as refuse_non_finite
+from .tensor_files import tensor_checksum as tensor_checksum
+from .tensor_files import verify_checksum as verify_checksum
 from .transformer import HookedVectorTransformer
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on Windows
-    fcntl = None  # type: ignore[assignment]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT = "vecinterp-model"
 FORMAT_VERSION = 1
-CHECKSUM_KEY = "vecinterp.sha256"
-"""The safetensors header (``__metadata__``) key that holds :func:`tensor_checksum`."""
-_NEW = ".vecinterp-new-"  # ".{name}.vecinterp-new-XXXX": a save being written (or the old one)
-_OLD = ".vecinterp-old-"  # ".{name}.vecinterp-old-XXXX": the old save, mid-swap (no renameat2)
-_SHOWN = 3  # how many offending tensors an error lists before giving a count
-
-
-# ------------------------------------------------------------------ checksums and checks
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def tensor_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
-    """The SHA-256 (hex) of named tensors: each tensor's name, dtype, shape and bytes
-    (little-endian), in the order of the sorted names. Independent of the file layout, so
-    the same tensors always give the same checksum.
-
-    Example:
-        >>> import torch
-        >>> from vecinterp.model.io import tensor_checksum
-        >>> a = tensor_checksum({"w": torch.zeros(2), "b": torch.ones(1)})
-        >>> a == tensor_checksum({"b": torch.ones(1), "w": torch.zeros(2)}), len(a)
-        (True, 64)
-        >>> a == tensor_checksum({"w": torch.zeros(2, 1), "b": torch.ones(1)})
-        False
-    """
-    digest = hashlib.sha256(b"vecinterp-tensors-1\n")
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
-        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode() + b"\n")
-        size = tensor.element_size()
-        flat = tensor.reshape(-1).view(_INT_OF_SIZE.get(size, torch.uint8)).numpy()
-        if sys.byteorder == "big" and size in (2, 4, 8):  # pragma: no cover
-            flat = flat.byteswap()
-        digest.update(flat.tobytes())
-    return digest.hexdigest()
-
-
-def verify_checksum(
-    tensors: Mapping[str, torch.Tensor], header: Mapping[str, str], source: str | os.PathLike[str]
-) -> bool:
-    """Check ``tensors`` against the checksum stored in their file's ``header``; raise
-    ``ValueError`` naming ``source`` if they differ. Returns ``False`` for a file written
-    before checksums existed (no checksum to check), ``True`` otherwise."""
-    stored = header.get(CHECKSUM_KEY)
-    if stored is None:
-        return False
-    computed = tensor_checksum(tensors)
-    if computed != stored:
-        raise ValueError(
-            f"{source} is corrupted: its tensor data does not match the SHA-256 checksum "
-            f"stored in its header (stored {str(stored)[:16]}…, computed {computed[:16]}…); "
-            "restore the file from a copy or write it again"
-        )
-    return True
-
-
-def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and header metadata of a safetensors file, checksum verified.
-
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
-    one that is truncated, not safetensors, or corrupted (checksum mismatch)."""
-    file = Path(path)
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{file} is missing") from None
-    except IsADirectoryError:
-        raise ValueError(f"{file} is a directory, expected a safetensors file") from None
-    return _parse_safetensors(data, file)
-
-
-def _parse_safetensors(data: bytes, file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    try:
-        tensors = load_bytes(data)
-        length = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + length]).get("__metadata__") or {}
-    except (SafetensorError, ValueError, OSError, RuntimeError, OverflowError) as err:
-        raise ValueError(
-            f"{file} is not a readable safetensors file (truncated or corrupted?): {err}"
-        ) from None
-    verify_checksum(tensors, header, file)
-    return tensors, header
-
-
-def refuse_non_finite(tensors: Mapping[str, torch.Tensor], where: str) -> None:
-    """Raise ``ValueError`` naming the tensors of ``tensors`` that hold NaN or inf."""
-    bad = []
-    for name, tensor in tensors.items():
-        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(
-            torch.isfinite(tensor).all()
-        ):
-            n_nan = int(torch.isnan(tensor).sum())
-            bad.append(f"{name} ({n_nan} NaN, {int((~torch.isfinite(tensor)).sum()) - n_nan} inf)")
-    if bad:
-        more = f" and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
-        raise ValueError(
-            f"{where}: {len(bad)} tensor(s) hold non-finite values: "
-            + ", ".join(bad[:_SHOWN])
-            + more
-        )
-
-
-# ------------------------------------------------------------------ file-system primitives
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over
-    ``path``: readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    os.chmod(name, 0o644)  # mkstemp makes 0600 files; a saved file is meant to be shared
-    try:
-        write(Path(name))
-        _fsync_file(Path(name))
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a directory's entries to disk (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def directory_lock(folder: Path, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on the directory ``folder`` itself for the ``with`` block.
-
-    Yields ``True`` when the lock is held, ``False`` where the platform or file system has
-    no ``flock`` (the caller then skips what needs it). The kernel drops the lock when the
-    process dies, however it dies. With ``blocking=False`` a lock held elsewhere raises
-    ``BlockingIOError``."""
-    if fcntl is None:
-        yield False
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            held = True
-        except BlockingIOError:
-            raise
-        except OSError:  # e.g. a network file system without flock on directories
-            held = False
-        yield held
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-@functools.cache
-def _renameat2() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # glibc < 2.28, musl
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap the two existing paths ``a`` and ``b``; ``False`` where the system or
-    file system cannot."""
-    fn = _renameat2()
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
 
 
 def _swap_in(stage: Path, directory: Path) -> Path:
-    """Make the complete directory ``stage`` the one at ``directory``; return where the
-    previous contents of ``directory`` now are (to be deleted)."""
-    if _exchange(stage, directory):
-        return stage
-    # Two renames. A kill between them leaves ``directory`` missing and the old save at
-    # ``old``: :func:`_recover` renames it back (the caller holds the parent's lock).
-    old = directory.parent / f".{directory.name}{_OLD}{secrets.token_hex(4)}"
-    os.rename(directory, old)
-    try:
-        os.rename(stage, directory)
-    except BaseException:
-        os.rename(old, directory)
-        raise
-    return old
-
-
-def _leftovers(directory: Path) -> tuple[list[Path], list[Path]]:
-    """The hidden siblings of ``directory`` that saves made: staged and swapped-out ones."""
-    new, old = f".{directory.name}{_NEW}", f".{directory.name}{_OLD}"
-    staged: list[Path] = []
-    swapped: list[Path] = []
-    try:
-        with os.scandir(directory.parent) as scan:
-            entries = list(scan)
-    except OSError:
-        return staged, swapped
-    for entry in entries:
-        if entry.name.startswith(new):
-            staged.append(Path(entry.path))
-        elif entry.name.startswith(old):
-            swapped.append(Path(entry.path))
-    return staged, swapped
-
-
-def _recover(directory: Path, *, clean: bool) -> None:
-    """Finish what a killed save left beside ``directory``: roll an interrupted two-rename
-    swap back to the old save and (with ``clean``: the caller holds the lock, so no live
-    save owns them) remove the hidden directories."""
-    staged, swapped = _leftovers(directory)
-    if swapped and not os.path.lexists(directory):
-        newest = max(swapped, key=lambda p: p.stat().st_mtime)
-        os.rename(newest, directory)
-        swapped.remove(newest)
-        fsync_dir(directory.parent)
-    if clean:
-        for leftover in staged + swapped:
-            shutil.rmtree(leftover, ignore_errors=True)
+    """:func:`vecinterp.model.atomic._swap_in` through this module's ``_exchange``, looked
+    up when called: replacing ``vecinterp.model.io._exchange`` (as the tests do, to take
+    the two-rename path of systems without ``renameat2``) reaches every model save and
+    training checkpoint."""
+    return atomic._swap_in(stage, directory, exchange=_exchange)
 
 
 # ------------------------------------------------------------------ save
