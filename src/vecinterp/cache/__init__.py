@@ -19,13 +19,13 @@ The private names re-exported below are those other modules (``analysis.attribut
 """
 
 from .activation_cache import ActivationCache as ActivationCache
-from .activation_cache import _norm_point as _norm_point
-from .activation_cache import _resid_points as _resid_points
 from .names import _ATTN as _ATTN
 from .names import _BLOCK as _BLOCK
 from .names import _MLP as _MLP
 from .names import _PER_BLOCK as _PER_BLOCK
 from .names import _TOP as _TOP
+from .names import _norm_point as _norm_point
+from .names import _resid_points as _resid_points
 from .names import act_name as act_name
 from .recording import _EXACT_ACT_FNS as _EXACT_ACT_FNS
 from .recording import _exact_derivations as _exact_derivations

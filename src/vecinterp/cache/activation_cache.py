@@ -13,37 +13,12 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from jaxtyping import Float
 
-from .names import _PER_BLOCK, _TOP, act_name
+from .names import _PER_BLOCK, _TOP, _norm_point, _resid_points, act_name
 from .weights_record import _changed_weights, _record_weights, _Weights
 
 if TYPE_CHECKING:
     from ..model import HookedVectorTransformer
     from ..model.components import Norm
-
-
-def _resid_points(cfg: Any, ell: int, mlp_input: bool) -> list[str]:
-    """The residual-stream hook points up to the stream entering boundary ``ell`` (block
-    ``ell``'s ``resid_pre``, its ``resid_mid`` with ``mlp_input``, the final
-    ``resid_post`` when ``ell == n_layers``): each is the sum of the one before and a
-    component, unless a hook edited it."""
-    names = []
-    for block in range(min(ell + 1, cfg.n_layers)):
-        names.append(f"blocks.{block}.hook_resid_pre")
-        if block == ell and not mlp_input:
-            break
-        if not cfg.attn_only:
-            names.append(f"blocks.{block}.hook_resid_mid")
-        if block == ell:
-            break
-        names.append(f"blocks.{block}.hook_resid_post")
-    return names
-
-
-def _norm_point(cfg: Any, ell: int, mlp_input: bool) -> str:
-    """The ``hook_normalized`` of the norm that reads the stream at boundary ``ell``."""
-    if ell == cfg.n_layers:
-        return "ln_final.hook_normalized"
-    return f"blocks.{ell}.{'ln2' if mlp_input else 'ln1'}.hook_normalized"
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):

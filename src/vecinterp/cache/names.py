@@ -3,8 +3,11 @@
 The tables TransformerLens users know, and :func:`act_name`, which expands a short name
 (with a layer and, for a block's norm, ``"ln1"``/``"ln2"``) into a full hook name. The
 cache's indexing (``cache["pattern", 0]``) and the analyses that take activation names go
-through it.
+through it. :func:`_resid_points` and :func:`_norm_point` name the points a decomposition of
+the residual stream assumes unedited.
 """
+
+from typing import Any
 
 _BLOCK = {
     "resid_pre": "hook_resid_pre",
@@ -79,3 +82,28 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
         return f"blocks.{layer}.{sub or 'ln1'}.hook_{name}"
     known = sorted({*_BLOCK, *_ATTN, *_MLP, "scale", "normalized"})
     raise KeyError(f"unknown short activation name {name!r}; known: {known}")
+
+
+def _resid_points(cfg: Any, ell: int, mlp_input: bool) -> list[str]:
+    """The residual-stream hook points up to the stream entering boundary ``ell`` (block
+    ``ell``'s ``resid_pre``, its ``resid_mid`` with ``mlp_input``, the final
+    ``resid_post`` when ``ell == n_layers``): each is the sum of the one before and a
+    component, unless a hook edited it."""
+    names = []
+    for block in range(min(ell + 1, cfg.n_layers)):
+        names.append(f"blocks.{block}.hook_resid_pre")
+        if block == ell and not mlp_input:
+            break
+        if not cfg.attn_only:
+            names.append(f"blocks.{block}.hook_resid_mid")
+        if block == ell:
+            break
+        names.append(f"blocks.{block}.hook_resid_post")
+    return names
+
+
+def _norm_point(cfg: Any, ell: int, mlp_input: bool) -> str:
+    """The ``hook_normalized`` of the norm that reads the stream at boundary ``ell``."""
+    if ell == cfg.n_layers:
+        return "ln_final.hook_normalized"
+    return f"blocks.{ell}.{'ln2' if mlp_input else 'ln1'}.hook_normalized"

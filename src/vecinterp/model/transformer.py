@@ -1,5 +1,10 @@
 """The hookable vector-input, vector-output transformer.
 
+One file because it is one class: construction and the forward pass are a third of it,
+and most of the rest is TransformerLens's model-level weight stacks (``W_Q``, ``b_O``,
+``W_in``, ``OV``, ...) with their examples, which users look for on the class and the API
+page lists with it (a mixin in another file would drop them from that page).
+
 In the model layer (see :mod:`vecinterp.model`): ``run_with_cache`` hands the run to the
 cache layer above, :mod:`vecinterp.cache.recording`, imported when it is called.
 """
