@@ -34,9 +34,10 @@ its own unablated MSE. The model's LayerNorms and value biases are folded first
 """
 
 from . import results as _results
+from .analyses import checkerboard_contrast
 from .figures import claim_figures
 from .judge import judge_claims
-from .measure import checkerboard_contrast, measure_claims
+from .measure import measure_claims
 from .report import claims_report, claims_table, robustness_table
 from .results import Claim, ClaimsResult, Reading
 

@@ -1,5 +1,11 @@
 """Judging the claims: the primary reading of each, its reason, the alternatives and the
-verdict by :data:`~vecinterp.tasks.affine_claims.THRESHOLDS` (:func:`judge_claims`)."""
+verdict by :data:`~vecinterp.tasks.affine_claims.THRESHOLDS` (:func:`judge_claims`).
+
+One file although it is long: it is thirteen parallel functions, ``_judge_1`` ..
+``_judge_13``, one per claim in the paper's order, each the same shape (readings, basis,
+note, verdict) over the same few helpers. A reader checks a verdict by reading one of them
+and compares wordings and thresholds across claims by reading on; split in two, the
+parallel would be lost and nothing else gained."""
 
 from collections.abc import Sequence
 from typing import Any
