@@ -1,13 +1,19 @@
-"""The retrieval-problem example runs end to end (``--fast``) and its report is consistent."""
+"""The retrieval-problem example runs end to end (``--fast``) and its report is consistent.
+
+The library it calls, :mod:`vecinterp.tasks.retrieval_claims`, is tested in
+``tests/test_retrieval_claims.py``.
+"""
 
 import csv
 import importlib.util
+import json
 import math
 import re
 from pathlib import Path
 
 import pytest
-import torch
+
+from vecinterp.tasks import retrieval_claims as rc
 
 pytest.importorskip("matplotlib")
 
@@ -68,16 +74,15 @@ def test_every_figure_is_a_png(fast_run):
 
 def test_report_numbers_are_consistent(fast_run):
     out, rows = fast_run
-    ex = _example()
     report = (out / "report.md").read_text()
     table = _table_lines(report)
     # claim 1: the IC loss is the mean of the partial losses (equal-size blocks)
     ic = float(re.search(r"final IC loss ([\d.]+)", table[0][3]).group(1))
     parts = [float(v) for v in re.findall(r"x_\d+ ([\d.]+)", table[0][3])]
-    assert len(parts) == ex.FAST.depth
+    assert len(parts) == rc.FAST.depth
     assert abs(sum(parts) / len(parts) - ic) <= 1e-4
     assert math.isclose(rows[0]["value"], ic, abs_tol=5e-5)
-    t = ex.THRESHOLDS
+    t = rc.THRESHOLDS
     expected = "holds" if ic <= t["ic_holds"] else "partly" if ic <= t["ic_partly"] else None
     assert rows[0]["verdict"] == (expected or "does not hold")
     # claim 2: the non-IC loss, and its verdict against the paper's 0.7
@@ -93,18 +98,17 @@ def test_report_numbers_are_consistent(fast_run):
 
 def test_partial_loss_crossings_match_the_emergence_csv(fast_run):
     out, rows = fast_run
-    ex = _example()
     from vecinterp.analysis.emergence import EmergenceTable
 
     with (out / "emergence.csv").open() as handle:
         records = list(csv.DictReader(handle))
     table = EmergenceTable(tuple((int(r["step"]), r["name"], float(r["value"])) for r in records))
-    s = ex.FAST
+    s = rc.FAST
     assert table.steps == list(range(0, s.steps + 1, s.checkpoint_every))  # 0: initial model
     assert {f"x_{j + 1}" for j in range(s.depth)} | {"loss"} <= set(table.names)
     claim3 = _table_lines((out / "report.md").read_text())[2][3]
     for j in range(s.depth):
-        step = table.crossing_step(f"x_{j + 1}", ex.THRESHOLDS["partial"], above=False)
+        step = table.crossing_step(f"x_{j + 1}", rc.THRESHOLDS["partial"], above=False)
         shown = re.search(rf"x_{j + 1}: (never|\d+)", claim3).group(1)
         assert shown == ("never" if step is None else f"{step:.0f}")
     assert rows[2]["value"] == sum(
@@ -112,25 +116,25 @@ def test_partial_loss_crossings_match_the_emergence_csv(fast_run):
     )
 
 
-def test_one_hot_map_and_find_paths_hand_worked():
-    ex = _example()
-    from vecinterp.tasks import retrieval as R
+def test_saved_values_rejudge_to_the_printed_verdicts(fast_run):
+    """values.json holds every number the verdicts read: re-judging it gives the rows."""
+    out, rows = fast_run
+    values = json.loads((out / "values.json").read_text())
+    assert [c.as_dict() for c in rc.judge_claims(values)] == rows
+    # and the report's table is the library's table of those claims
+    assert rc.claims_table(rc.judge_claims(values)) in (out / "report.md").read_text()
 
-    batch = R.generate(3, 2, n_chains=2, seed=0)
-    path = dict(layer=0, head=0, dest=1, src=0, value=1.0, name="p")  # R0 -> L0
-    attn = ex.one_hot_map(batch, [path])
-    assert attn.shape == (3, 10, 10)
-    assert torch.equal(attn.sum(-1), torch.ones(3, 10))
-    for b in range(3):
-        for c in range(2):
-            left, right = int(batch.left_pos[b, c, 0]), int(batch.right_pos[b, c, 0])
-            assert attn[b, right, left] == 1.0
-        untouched = set(range(10)) - {int(p) for p in batch.right_pos[b, :, 0]}
-        for p in untouched:
-            assert attn[b, p, p] == 1.0
-    maps = torch.zeros(1, 2, 5, 5)
-    maps[0, 1, 4, 1] = 0.7  # Q -> R0 in head 1
-    maps[0, 1, 3, 3] = 0.9  # self: never a path
-    maps[0, 0, 2, 1] = 0.4  # below the threshold
-    found = ex.find_paths(maps, 2, 0.5)
-    assert [(p["layer"], p["head"], p["name"]) for p in found] == [(0, 1, "L0H1 Q->R0")]
+
+def test_command_line_overrides_the_steps(tmp_path, capsys):
+    """--steps and --non-ic-steps reach the training and the report."""
+    rows = _example().main(
+        ["--fast", "--no-progress", "--steps", "30", "--non-ic-steps", "5", "--seed", "1",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "30 IC / 5 non-IC steps" in printed
+    assert "non-IC loss" in rows[1]["ours"] and "after 5 steps" in rows[1]["ours"]
+    assert rc.claims_table([rc.Claim(**row) for row in rows]) in printed
+    with (tmp_path / "emergence.csv").open() as handle:
+        steps = {int(r["step"]) for r in csv.DictReader(handle)}
+    assert steps == {0, 30}
