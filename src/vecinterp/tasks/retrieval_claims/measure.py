@@ -103,8 +103,8 @@ def track_emergence(
     *,
     progress: bool = False,
 ) -> EmergenceTable:
-    """The average attention along every path and the partial losses ``x_1 .. x_D`` (and
-    their mean, ``loss``) at every checkpoint of an IC run.
+    """The average attention along every path and the partial losses (``x_j`` for every
+    step ``j``, and their mean ``loss``) at every checkpoint of an IC run.
 
     Args:
         checkpoints: anything :func:`~vecinterp.analysis.emergence.emergence` takes: a
