@@ -83,13 +83,15 @@ def core_calls(model: vi.HookedVectorTransformer, s: Settings) -> None:
     batch = induction.generate(64, m=s.analysis_m, dim=s.dim, seed=1)  # one fixed period
     thr = THRESHOLDS["head_score"]
     prev = vi.detect_heads(model, batch.inputs, "previous_position", thr)  # [(layer, head)]
-    ind = vi.detect_heads(model, batch.inputs, "induction", thr, m=batch.m)
+    ind, scores = vi.detect_heads(
+        model, batch.inputs, "induction", thr, m=batch.m, return_scores=True
+    )  # scores: [layer, head]
     prev, ind = [h for h in prev if h[0] == 0], [h for h in ind if h[0] == 1]
     print(f"previous-position heads in layer 0: {prev}; induction heads in layer 1: {ind}")
     if not (prev and ind):
         return
     k = vi.composition_scores(model, kind="K")  # [layer, head, layer, head]
-    pair = (*prev[0], *ind[0])
+    pair = (*prev[0], *max(ind, key=lambda head: scores[head]))  # the best induction head
     print(f"K-composition {pair[:2]} -> {pair[2:]}: {k[pair]:.3f}", end="; ")
     population = induction.generate(200, m=s.analysis_m, dim=s.dim, seed=2).inputs
     means = vi.mean_activations(model, population, "blocks.1.attn.hook_z")

@@ -109,7 +109,7 @@ still singles out the previous-position head. Pass ``positional="learned"`` to
 
 ``RECIPE`` trains the preset on a CPU in about 2 minutes (2,000 steps of batch 32; 111 s
 on 2 busy cores, 50 s of CPU time); ``examples/induction_heads.py`` does that and analyses
-the result.
+the result with :mod:`vecinterp.tasks.induction_claims`.
 
 Example::
 

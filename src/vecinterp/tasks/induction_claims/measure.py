@@ -166,9 +166,8 @@ def describe_model(cfg: VectorTransformerConfig) -> str:
     Example:
         >>> from vecinterp.tasks import induction
         >>> from vecinterp.tasks.induction_claims import describe_model
-        >>> print(describe_model(induction.model_config()).replace(", a", ",\na"))
-        d_in 16, d_model 64, 2 layers x 4 heads (d_head 16),
-        attention only, rotary positions, n_ctx 32
+        >>> describe_model(induction.model_config()).split(", ")[2:]
+        ['2 layers x 4 heads (d_head 16)', 'attention only', 'rotary positions', 'n_ctx 32']
     """
     blocks = "attention only" if cfg.attn_only else f"MLPs of width {cfg.d_mlp}"
     return (
