@@ -128,9 +128,10 @@ def test_verdicts_follow_the_thresholds(fast_run, example):
     expected = level(zk >= t["z_holds"] and c["rank_in_column"] == 1, zk >= t["z_partly"])
     assert rows[3]["verdict"] == expected
     a = results["ablation"]
-    after = a["rel_mse_after"]
+    after, rise = a["rel_mse_after"], a["rel_mse_after"] / a["rel_mse_before"]
     assert rows[6]["verdict"] == level(
-        after >= t["ablated_mse_holds"], after >= t["ablated_mse_partly"]
+        after >= t["ablated_mse_holds"] and rise >= t["ablated_mse_rise_holds"],
+        after >= t["ablated_mse_partly"] and rise >= t["ablated_mse_rise_partly"],
     )
 
 

@@ -199,6 +199,23 @@ def test_claim_7_thresholds(after, expected):
     assert verdict(values, 7) == expected
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        (0.0625, 0.625, "holds"),  # a rise of exactly x10
+        (0.0626, 0.625, "partly"),  # just under x10, above x3
+        (0.125, 0.375, "partly"),  # exactly x3
+        (0.1251, 0.375, "does not hold"),
+        (1.0, 1.1, "does not hold"),  # a high loss either way: the model never learnt
+        (0.0, 0.6, "holds"),  # a perfect model: any loss is an infinite rise
+    ],
+)
+def test_claim_7_needs_the_loss_to_rise(before, after, expected):
+    values = hand_values()
+    values["ablation"].update(rel_mse_before=before, rel_mse_after=after)
+    assert verdict(values, 7) == expected
+
+
 def test_no_head_above_the_threshold_reads_none():
     values = hand_values()
     values["heads"]["prev_heads"] = []
@@ -300,7 +317,7 @@ def test_an_untrained_model_does_not_hold_the_head_claims():
         induction.model_config(D, 6, d_model=16, n_heads=2, d_head=4), seed=0
     )
     result = ic.measure_claims(vi.process_weights(model), **{**SIZES, "baseline_samples": 50})
-    assert [result[n].verdict for n in (1, 2, 3, 4, 6)] == ["does not hold"] * 5
+    assert [result[n].verdict for n in (1, 2, 3, 4, 6, 7)] == ["does not hold"] * 6
     assert result.info["dim"] == D and result.info["sizes"]["m"] == SIZES["m"]
     assert result.info["config"] == ic.describe_model(model.cfg)
 

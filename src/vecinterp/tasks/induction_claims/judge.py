@@ -157,7 +157,11 @@ def _judge_needs_induction(v: dict[str, Any], number: int) -> Claim:
         f"{after:.3f} (ablating {_names(a['prev_heads'])} instead: "
         f"{a['rel_mse_after_prev']:.3f})"
     )
-    verdict = level(after >= t["ablated_mse_holds"], after >= t["ablated_mse_partly"])
+    rise = after / a["rel_mse_before"] if a["rel_mse_before"] > 0 else float("inf")
+    verdict = level(
+        after >= t["ablated_mse_holds"] and rise >= t["ablated_mse_rise_holds"],
+        after >= t["ablated_mse_partly"] and rise >= t["ablated_mse_rise_partly"],
+    )
     return _claim(number, ours, after, verdict)
 
 

@@ -39,8 +39,10 @@ THRESHOLDS: dict[str, float] = dict(
     z_partly=2.0,
     ablated_score_holds=0.5,  # claim 6: induction score after / before ablating layer 0
     ablated_score_partly=0.8,
-    ablated_mse_holds=0.5,  # claim 7: MSE x dim after ablating the induction heads
+    ablated_mse_holds=0.5,  # claim 7: MSE x dim after ablating the induction heads ...
     ablated_mse_partly=0.2,
+    ablated_mse_rise_holds=10.0,  # ... and at least this many times the unablated one (a
+    ablated_mse_rise_partly=3.0,  # model that never learnt has a high loss either way)
 )
 """Every verdict is computed from these numbers (the comments give the claim).
 ``head_score`` also decides which heads are listed, and so ablated, as the
