@@ -15,6 +15,7 @@ from .ablation import (
     zero_ablation_hook,
 )
 from .attribution import DirectAttribution, direct_attribution, next_vector_targets
+from .attribution_patching import attribution_patching
 from .circuits import full_ov_circuit, full_qk_circuit, ov_circuit, pos_qk_circuit, qk_circuit
 from .detectors import (
     attention_patterns,
@@ -60,6 +61,7 @@ __all__ = [
     "OVLinearity",
     "activation_patching",
     "attention_patterns",
+    "attribution_patching",
     "composition_baseline",
     "composition_scores",
     "detect_heads",
