@@ -39,6 +39,7 @@ from .geometry import (
     ov_linearity,
 )
 from .patching import activation_patching, patch_hook
+from .path_patching import path_patching
 from .qk_patch import patch_qk_identity
 from .scores import CompositionBaseline, composition_baseline, composition_scores, eigenvalue_scores
 
@@ -78,6 +79,7 @@ __all__ = [
     "ov_circuit",
     "ov_linearity",
     "patch_hook",
+    "path_patching",
     "patch_qk_identity",
     "pattern_score",
     "pos_qk_circuit",
