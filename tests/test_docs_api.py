@@ -19,7 +19,14 @@ import torch
 import vecinterp as vi
 import vecinterp.analysis
 import vecinterp.testing
-from vecinterp.tasks import affine_claims, affine_recurrence, induction, retrieval
+from vecinterp.tasks import (
+    affine_claims,
+    affine_recurrence,
+    induction,
+    induction_claims,
+    retrieval,
+    retrieval_claims,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -30,7 +37,14 @@ EXAMPLE_EXEMPT: dict[str, str] = {}
 
 # The task modules: their functions and classes need an entry and an example; their
 # module-level constants (UPPER_CASE) need an ``.. autodata::`` entry.
-TASK_MODULES = [affine_recurrence, affine_claims, induction, retrieval]
+TASK_MODULES = [
+    affine_recurrence,
+    affine_claims,
+    induction,
+    induction_claims,
+    retrieval,
+    retrieval_claims,
+]
 
 
 def _constants(module: types.ModuleType) -> list[str]:
