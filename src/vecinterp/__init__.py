@@ -39,6 +39,7 @@ from .model.processing import (
     process_weights,
 )
 from .training import (
+    EnsembleResult,
     TrainHistory,
     TrainingDivergedError,
     TrainResult,
@@ -47,6 +48,7 @@ from .training import (
     latest_checkpoint,
     lr_at,
     train,
+    train_ensemble,
 )
 
 __version__ = "0.1.0"
@@ -54,6 +56,7 @@ __version__ = "0.1.0"
 __all__ = [
     *_analysis_all,
     "ActivationCache",
+    "EnsembleResult",
     "TrainHistory",
     "TrainResult",
     "TrainingDivergedError",
@@ -62,6 +65,7 @@ __all__ = [
     "latest_checkpoint",
     "lr_at",
     "train",
+    "train_ensemble",
     "FactoredMatrix",
     "HookHandle",
     "HookPoint",

@@ -1,6 +1,8 @@
 """Training: one loop for every task (masked MSE, AdamW, checkpoints, exact resume).
 
 - :func:`train` — the loop; returns a :class:`TrainResult` with a :class:`TrainHistory`.
+- :func:`train_ensemble` — K models of one config as one batched computation; returns an
+  :class:`EnsembleResult` of K :class:`TrainResult`.
 - :func:`evaluate` — mean masked MSE over an evaluation set.
 - :func:`lr_at` — the warm-up + constant/cosine/linear learning-rate schedule.
 - :func:`latest_checkpoint` — the newest checkpoint of a run (load its model with
@@ -11,12 +13,14 @@
 
 from .checkpoint import latest_checkpoint
 from .data import evaluate
+from .ensemble import EnsembleResult, train_ensemble
 from .loop import train
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import lr_at
 from .setup import default_device
 
 __all__ = [
+    "EnsembleResult",
     "TrainHistory",
     "TrainResult",
     "TrainingDivergedError",
@@ -25,4 +29,5 @@ __all__ = [
     "latest_checkpoint",
     "lr_at",
     "train",
+    "train_ensemble",
 ]

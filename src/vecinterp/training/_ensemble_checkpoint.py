@@ -1,0 +1,235 @@
+"""The checkpoints of :func:`~vecinterp.training.ensemble.train_ensemble`, and the per-member
+optimizer state they save.
+
+Layout of ``checkpoint_dir``::
+
+    member_000/step_00000500/   member 0's vi.train checkpoint (training.checkpoint)
+    member_001/step_00000500/   ...
+    ensemble.json               {"format", "members": K, "step": 500}
+
+Each member's checkpoint is written, checksummed and read by
+:mod:`vecinterp.training.checkpoint`, exactly as :func:`vecinterp.train` writes its own
+(plus an ``"ensemble"`` entry in ``trainer.json``: the member's index and, once it has
+diverged, why). ``ensemble.json`` is rewritten (atomically) only once every member has
+written a step, and old checkpoints are pruned only after that: a crash at any point
+leaves every member with the step it names, the one a resumed ensemble continues from.
+"""
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..model.atomic import atomic_write
+from ..model.transformer import HookedVectorTransformer
+from .checkpoint import TRAINER_FILE, list_checkpoints, prune, step_dir_name, write_checkpoint
+from .data import MakeBatchSource, StreamSource, Tensors, fingerprint
+from .loop import _restore
+from .result import TrainHistory, TrainingDivergedError
+
+MARKER = "ensemble.json"
+FORMAT = "vecinterp-ensemble"
+
+
+@dataclasses.dataclass
+class AdamState:
+    """The members' AdamW state: the moments stacked like the weights (``[K, ...]`` per
+    parameter), and one ``torch.optim.AdamW`` per member over its model's parameters,
+    which holds views of its slices when a checkpoint is written or the run returns."""
+
+    exp_avgs: list[torch.Tensor]
+    exp_avg_sqs: list[torch.Tensor]
+    optimizers: list[torch.optim.Optimizer]
+    updates: list[int]  # AdamW steps each member has taken
+
+
+def member_dir(checkpoint_dir: Path, member: int) -> Path:
+    return checkpoint_dir / f"member_{member:03d}"
+
+
+def has_checkpoints(checkpoint_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` holds an ensemble's record or any member's checkpoint."""
+    if (checkpoint_dir / MARKER).exists():
+        return True
+    return any(d.is_dir() and list_checkpoints(d) for d in checkpoint_dir.glob("member_*"))
+
+
+def newest_step(checkpoint_dir: Path, k: int) -> int | None:
+    """The step that every member has written (from ``ensemble.json``), or ``None``."""
+    file = checkpoint_dir / MARKER
+    if not file.exists():
+        return None
+    try:
+        record = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{file} is not a readable ensemble record: {err}") from None
+    if not (
+        isinstance(record, dict)
+        and record.get("format") == FORMAT
+        and all(type(record.get(key)) is int and record[key] >= 1 for key in ("members", "step"))
+    ):
+        raise ValueError(f"{file} is not an ensemble record (format, members, step): {record}")
+    if record["members"] != k:
+        raise ValueError(
+            f"{checkpoint_dir} holds the checkpoints of an ensemble of {record['members']} "
+            f"members; this one has {k}: resume with the same models, or use another "
+            "checkpoint_dir"
+        )
+    return int(record["step"])
+
+
+def fill_optimizer(state: AdamState, member: int, rate: float) -> None:
+    """Put member ``member``'s AdamW state (views of its slices) into its optimizer, as
+    ``torch.optim.AdamW`` would hold it after the same updates."""
+    optimizer = state.optimizers[member]
+    group = optimizer.param_groups[0]
+    group["lr"] = rate
+    optimizer.state = collections.defaultdict(dict)
+    if state.updates[member] == 0:
+        return
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    for j, p in enumerate(group["params"]):
+        optimizer.state[p] = {
+            "step": torch.tensor(
+                float(state.updates[member]), dtype=torch.float32,
+                device=p.device if on_device else "cpu",
+            ),
+            "exp_avg": state.exp_avgs[j][member],
+            "exp_avg_sq": state.exp_avg_sqs[j][member],
+        }  # fmt: skip
+
+
+def detach(net: HookedVectorTransformer, optimizer: torch.optim.Optimizer | None) -> None:
+    """Give ``net`` (and its optimizer's state) their own storage instead of views of the
+    stacks: an ordinary model."""
+    with torch.no_grad():
+        for t in list(net.parameters()) + list(net.buffers()):
+            t.data = t.data.clone()
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                per_param[key] = per_param[key].clone()
+
+
+def hold(tensors: list[torch.Tensor], frozen: list[int]) -> list[torch.Tensor]:
+    """Copies of the frozen members' slices of ``tensors`` (see :func:`put_back`)."""
+    if not frozen:
+        return []
+    index = torch.tensor(frozen, device=tensors[0].device)
+    return [t.detach().index_select(0, index) for t in tensors]
+
+
+def put_back(tensors: list[torch.Tensor], frozen: list[int], kept: list[torch.Tensor]) -> None:
+    """Restore the frozen members' slices that :func:`hold` copied."""
+    if frozen:
+        index = torch.tensor(frozen, device=tensors[0].device)
+        for t, saved in zip(tensors, kept, strict=True):
+            t.detach().index_copy_(0, index, saved)
+
+
+def save(
+    checkpoint_dir: Path,
+    step: int,
+    nets: list[HookedVectorTransformer],
+    state: AdamState,
+    sources: list[MakeBatchSource | StreamSource],
+    parts: list[Tensors],
+    rates: list[float],
+    histories: list[TrainHistory],
+    configs: list[dict[str, Any]],
+    diverged: list[TrainingDivergedError | None],
+    device: torch.device,
+    averages: list[HookedVectorTransformer] | None,
+    keep_last: int | None,
+    elapsed: float,
+) -> list[Path | None]:
+    """Write every member's checkpoint of ``step``, then ``ensemble.json``, then prune."""
+    paths: list[Path | None] = []
+    for i, net in enumerate(nets):
+        fill_optimizer(state, i, rates[i])
+        rng = {"torch_cpu": torch.get_rng_state(), **sources[i].state()}
+        if device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(device)
+        err = diverged[i]
+        record = {
+            "config": configs[i],
+            "data_fingerprint": fingerprint(parts[i]),
+            "elapsed": elapsed,
+            "device": str(device),
+            "ensemble": {
+                "member": i,
+                "members": len(nets),
+                "diverged": None if err is None else {
+                    "step": err.step, "quantity": err.quantity, "value": repr(err.value),
+                    "message": str(err),
+                },
+            },
+        }  # fmt: skip
+        average = averages[i] if averages is not None else None
+        paths.append(
+            write_checkpoint(
+                member_dir(checkpoint_dir, i),
+                step,
+                net,
+                state.optimizers[i],
+                rng,
+                histories[i].to_tensors(),
+                record,
+                average=average,
+            )  # fmt: skip
+        )
+    text = json.dumps({"format": FORMAT, "members": len(nets), "step": step}, indent=2)
+    atomic_write(checkpoint_dir / MARKER, lambda tmp: tmp.write_text(text + "\n"))
+    for i in range(len(nets)):
+        prune(member_dir(checkpoint_dir, i), keep_last)
+    return paths
+
+
+def restore(
+    checkpoint_dir: Path,
+    step: int,
+    configs: list[dict[str, Any]],
+    nets: list[HookedVectorTransformer],
+    state: AdamState,
+    sources: list[MakeBatchSource | StreamSource],
+    device: torch.device,
+    averages: list[HookedVectorTransformer] | None,
+    histories: list[TrainHistory],
+    diverged: list[TrainingDivergedError | None],
+    checkpoints: list[Path | None],
+) -> tuple[int, float]:
+    """Load every member's checkpoint of ``step`` (with vi.train's own checks) into the
+    stacks (through the members' aliased models and optimizers), the data sources and the
+    RNGs; fill ``histories``, ``diverged`` and ``checkpoints``. Returns ``(step,
+    elapsed)``."""
+    elapsed = 0.0
+    for i, net in enumerate(nets):
+        path = member_dir(checkpoint_dir, i) / step_dir_name(step)
+        if not (path / TRAINER_FILE).is_file():
+            raise ValueError(
+                f"{checkpoint_dir / MARKER} names step {step}, which every member has written, "
+                f"but member {i}'s checkpoint {path} is missing"
+            )
+        optimizer = state.optimizers[i]
+        average = averages[i] if averages is not None else None
+        _, histories[i], elapsed = _restore(
+            path, configs[i], net, optimizer, sources[i], device, average
+        )
+        per_param = [optimizer.state.get(p, {}) for p in optimizer.param_groups[0]["params"]]
+        with torch.no_grad():
+            for j, saved in enumerate(per_param):
+                state.exp_avgs[j][i].copy_(saved.get("exp_avg", 0.0))
+                state.exp_avg_sqs[j][i].copy_(saved.get("exp_avg_sq", 0.0))
+        state.updates[i] = int(per_param[0]["step"]) if per_param[0] else 0
+        optimizer.state = collections.defaultdict(dict)
+        entry = json.loads((path / TRAINER_FILE).read_text()).get("ensemble") or {}
+        if entry.get("diverged"):
+            d = entry["diverged"]
+            err = TrainingDivergedError(d["step"], d["quantity"], float(d["value"]), None)
+            err.args = (d["message"],)
+            diverged[i] = err
+        checkpoints[i] = path
+    return step, elapsed

@@ -1,0 +1,409 @@
+"""Ensembles: K models of one config trained in one process as one batched computation
+(:func:`train_ensemble`, :class:`EnsembleResult`).
+
+The batched arithmetic is in :mod:`vecinterp.training._stacked`; the members' checkpoints
+are :func:`vecinterp.train`'s, one directory per member (:mod:`._ensemble_checkpoint`).
+"""
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..model.transformer import HookedVectorTransformer
+from . import _ensemble_checkpoint as ck
+from ._ensemble_setup import check_forward, check_models, member_data, per_member
+from ._stacked import (
+    adamw_step,
+    alias,
+    clip_per_member,
+    forward,
+    masked_losses,
+    stack_batches,
+    stack_weights,
+)
+from .checkpoint import own_directory, remove_partial
+from .data import non_finite_targets, to_model
+from .loop import Data, _adamw, _update_average
+from .result import TrainHistory, TrainingDivergedError, TrainResult
+from .schedule import check_schedule, lr_at
+from .setup import check_args, check_ema, make_eval, make_source, resolve_device
+
+ON_DIVERGENCE = ("freeze", "raise")
+
+
+@dataclasses.dataclass
+class EnsembleResult:
+    """What :func:`train_ensemble` returns: one :class:`~vecinterp.TrainResult` per member.
+
+    It is a sequence of those results (``len``, indexing, iteration), member ``i`` at
+    index ``i``.
+
+    Attributes:
+        results: member ``i``'s :class:`~vecinterp.TrainResult`: an ordinary trained
+            :class:`~vecinterp.HookedVectorTransformer` (sharing no storage with the
+            others), its :class:`~vecinterp.TrainHistory`, a ``torch.optim.AdamW`` holding
+            its optimizer state, and its newest checkpoint.
+        diverged: ``None`` for a member that trained to the end; for one frozen by
+            ``on_divergence="freeze"``, the :class:`~vecinterp.TrainingDivergedError` that
+            stopped it (its step, the quantity and value). Its model is its state before
+            that step and its history ends there.
+        device: where the ensemble was trained.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> cfg = vi.VectorTransformerConfig(d_in=2, d_model=8, d_head=4, n_heads=2,
+        ...                                  n_layers=1, n_ctx=4)
+        >>> models = [vi.HookedVectorTransformer(cfg, seed=s) for s in range(3)]
+        >>> def make_batch(step, gen):
+        ...     x = torch.randn(8, 4, 2, generator=gen)
+        ...     return x, -x
+        >>> out = vi.train_ensemble(models, make_batch, steps=5, lr=1e-2, seed=[0, 1, 2],
+        ...                         progress=False, device="cpu")
+        >>> len(out), [len(h.train_loss) for h in out.histories], out.diverged
+        (3, [5, 5, 5], [None, None, None])
+        >>> out.models[2] is out[2].model
+        True
+    """
+
+    results: list[TrainResult]
+    diverged: list[TrainingDivergedError | None]
+    device: torch.device
+
+    @property
+    def models(self) -> list[HookedVectorTransformer]:
+        """The trained models, member ``i`` at index ``i``."""
+        return [r.model for r in self.results]
+
+    @property
+    def histories(self) -> list[TrainHistory]:
+        """The members' loss histories."""
+        return [r.history for r in self.results]
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, member: int) -> TrainResult:
+        return self.results[member]
+
+    def __iter__(self) -> Iterator[TrainResult]:
+        return iter(self.results)
+
+
+def train_ensemble(
+    models: Sequence[HookedVectorTransformer],
+    data: Data | Sequence[Data],
+    *,
+    steps: int,
+    lr: float | Sequence[float],
+    weight_decay: float = 0.01,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    min_lr: float = 0.0,
+    grad_clip: float | None = None,
+    ema_decay: float | None = None,
+    ema_start: int = 0,
+    eval_data: Any = None,
+    eval_every: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int | None = None,
+    keep_last: int | None = 2,
+    resume: bool = False,
+    seed: int | Sequence[int] = 0,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    log_every: int = 50,
+    callback: Callable[[int, list[dict[str, float]]], Any] | None = None,
+    on_divergence: str = "freeze",
+) -> EnsembleResult:
+    """Train K models of one config at once, as one batched computation: K times
+    :func:`vecinterp.train`.
+
+    Member ``i`` is trained exactly as ``vi.train(models[i], data_i, lr=lr_i,
+    seed=seed_i, ...)`` with the other arguments shared: the same masked MSE, schedule,
+    AdamW (its own moments, its own learning rate, decoupled weight decay), gradient
+    clipping to its *own* total norm, weight average, evaluation, history and
+    checkpoints. The K forward and backward passes run as one computation on weights
+    stacked on a leading member axis (batched matrix products, the heads' queries, keys
+    and values in one product) and the K AdamW steps as one; each member's result equals
+    ``vi.train``'s up to rounding (a different order of summation; the tests hold the
+    weights to 1e-10 in float64 after 20 steps). The batched forward pass has no hook
+    points: hooks attached to ``models`` do not run (the returned models have their own).
+    On the first step it is checked against the model's own forward on member 0's batch.
+
+    On a GPU the K members cost little more than one until the device is busy; on a CPU,
+    which is busy with one model's matrix products already, expect about the time of K
+    sequential runs (``benchmarks/ensemble.py`` measures both).
+
+    Arguments are :func:`vecinterp.train`'s, with these differences:
+
+    - ``models``: K >= 1 models sharing one config and dtype (e.g.
+      ``[vi.HookedVectorTransformer(cfg, seed=s) for s in range(K)]``); they are copied,
+      not modified.
+    - ``data``: one ``make_batch(step, generator)``, which every member calls with its own
+      generator (seeded with its ``seed``); or a list of K data, one per member (each a
+      ``make_batch`` or an iterable of batches). One iterable cannot feed several members.
+      At each step the members' batches are stacked, the smaller ones padded with
+      unscored zeros (exact for a causal model; a non-causal one needs equal lengths).
+    - ``lr``: one peak learning rate, or a sequence of K (``min_lr`` must not exceed any).
+    - ``seed``: one seed for every member's data generator (the members then see the same
+      batches and differ by their initial weights), or a sequence of K.
+    - ``eval_data``: one evaluation set for every member.
+    - ``callback(step, metrics)``: ``metrics`` is a list of K dicts, vi.train's for each
+      member (empty for a frozen member).
+    - ``on_divergence``: when a member's loss or gradient norm turns NaN/inf (found before
+      its update), ``"freeze"`` stops that member at its last good state (recorded in
+      :attr:`EnsembleResult.diverged`; its checkpoints keep that state) and trains the
+      others on; ``"raise"`` stops the ensemble with :class:`TrainingDivergedError`, as
+      ``vi.train`` does. Whatever the setting, the error is raised, naming the member,
+      when every member has diverged, when the data are to blame (NaN/inf targets) and for
+      a non-finite evaluation loss (found after an update, so no good state is left).
+
+    Checkpoints: ``checkpoint_dir/member_003/step_00000500/`` is member 3's
+    :func:`vecinterp.train` checkpoint after 500 updates (its config, optimizer state,
+    RNG states, history; SHA-256 checksums), loadable with :func:`vecinterp.load` and
+    resumable alone by ``vi.train``; ``checkpoint_dir/ensemble.json`` names the newest
+    step that every member has written, the one ``resume=True`` continues from, ending
+    bit-identical to an uninterrupted run on the same device. The ensemble holds
+    ``checkpoint_dir``'s lock from start to end, as ``vi.train`` does.
+
+    Returns:
+        An :class:`EnsembleResult`: K :class:`~vecinterp.TrainResult` (ordinary models).
+
+    Raises:
+        ValueError, TypeError: for bad arguments (naming them), members of different
+            configs or dtypes, a batch that cannot be stacked (naming the member), and
+            vi.train's errors.
+        FileExistsError: checkpoints exist and ``resume=False``.
+        TrainingDivergedError: see ``on_divergence``.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> cfg = vi.VectorTransformerConfig(d_in=2, d_model=8, d_head=4, n_heads=2,
+        ...                                  n_layers=1, n_ctx=4)
+        >>> models = [vi.HookedVectorTransformer(cfg, seed=s) for s in range(4)]
+        >>> def make_batch(step, gen):
+        ...     x = torch.randn(8, 4, 2, generator=gen)
+        ...     return x, -x
+        >>> out = vi.train_ensemble(models, make_batch, steps=30, lr=[1e-2, 1e-2, 3e-3, 3e-3],
+        ...                         seed=range(4), progress=False, device="cpu")
+        >>> [h.train_loss[-1] < h.train_loss[0] for h in out.histories]
+        [True, True, True, True]
+        >>> alone = vi.train(models[2], make_batch, steps=30, lr=3e-3, seed=2, progress=False,
+        ...                  device="cpu")
+        >>> bool(torch.allclose(alone.model.W_E, out.models[2].W_E, atol=1e-5))
+        True
+    """
+    members = check_models(models)
+    k = len(members)
+    lrs, seeds = per_member("lr", lr, k), per_member("seed", seed, k)
+    for lr_i, seed_i in zip(lrs, seeds, strict=True):
+        check_args(members[0], steps, lr_i, weight_decay, betas, eps, grad_clip, eval_data,
+                   eval_every, checkpoint_dir, checkpoint_every, keep_last, resume, seed_i,
+                   progress, log_every, callback)  # fmt: skip
+        check_schedule(lr=lr_i, steps=steps, warmup_steps=warmup_steps, schedule=schedule,
+                       min_lr=min_lr)  # fmt: skip
+    check_ema(ema_decay, ema_start, steps)
+    if on_divergence not in ON_DIVERGENCE:
+        raise ValueError(f"on_divergence must be one of {ON_DIVERGENCE}, got {on_divergence!r}")
+    dev = resolve_device(device)
+    sources = [make_source(d, s) for d, s in zip(member_data(data, k), seeds, strict=True)]
+    run_eval = make_eval(eval_data)
+    cfg, dtype = members[0].cfg, next(members[0].parameters()).dtype
+    stacked = stack_weights(members, dev)
+    nets = [HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev) for _ in range(k)]
+    for i, net in enumerate(nets):
+        alias(net, stacked, i)
+        net.train()
+    names = [name for name, _ in nets[0].named_parameters()]
+    leaves = [stacked[name] for name in names]
+    state = ck.AdamState(
+        [torch.zeros_like(t).detach() for t in leaves],
+        [torch.zeros_like(t).detach() for t in leaves],
+        [_adamw(net, lr=lr_i, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay)
+         for net, lr_i in zip(nets, lrs, strict=True)],
+        [0] * k,
+    )  # fmt: skip
+    averages: list[HookedVectorTransformer] | None = None
+    averaged: list[torch.Tensor] = []
+    if ema_decay is not None:
+        avg_stacked = {n: t.detach().clone() for n, t in stacked.items()}
+        averages = [HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev) for _ in nets]
+        for i, avg in enumerate(averages):
+            alias(avg, avg_stacked, i)
+            avg.eval()
+        averaged = [avg_stacked[name] for name in names]
+    configs = [
+        {
+            "model": cfg.to_dict(), "dtype": str(dtype), "lr": lrs[i],
+            "weight_decay": weight_decay, "betas": list(betas), "eps": eps,
+            "warmup_steps": warmup_steps, "schedule": schedule, "min_lr": min_lr,
+            "grad_clip": grad_clip, "data": sources[i].kind, "steps": steps,
+            **({"ema_decay": ema_decay, "ema_start": ema_start} if ema_decay is not None else {}),
+            "seed": seeds[i] if sources[i].kind == "make_batch" else None,
+        }
+        for i in range(k)
+    ]  # fmt: skip
+    histories = [TrainHistory() for _ in range(k)]
+    diverged: list[TrainingDivergedError | None] = [None] * k
+    checkpoints: list[Path | None] = [None] * k
+    start, elapsed = 0, 0.0
+    ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    owner = own_directory(ckdir) if ckdir is not None else None
+    try:
+        if ckdir is not None and owner is not None:
+            if owner.held:
+                remove_partial(ckdir)
+            if not resume and ck.has_checkpoints(ckdir):
+                raise FileExistsError(
+                    f"{ckdir} already holds the checkpoints of an ensemble; pass resume=True "
+                    "to continue that run, or use an empty checkpoint_dir"
+                )
+            newest = ck.newest_step(ckdir, k) if resume else None
+            if newest is not None:
+                start, elapsed = ck.restore(
+                    ckdir, newest, configs, nets, state, sources, dev, averages,
+                    histories, diverged, checkpoints,
+                )  # fmt: skip
+    except BaseException:
+        if owner is not None:
+            owner.release()
+        raise
+
+    def active() -> list[int]:
+        return [i for i in range(k) if diverged[i] is None]
+
+    def fail(i: int, err: TrainingDivergedError) -> TrainingDivergedError:
+        err.args = (f"ensemble member {i}: {err.args[0]}",)
+        return err
+
+    def evaluate_at(done: int, metrics: list[dict[str, float]]) -> None:
+        assert run_eval is not None
+        for i in active():
+            value = run_eval(nets[i] if averages is None else averages[i])
+            if not math.isfinite(value):
+                raise fail(i, TrainingDivergedError(done, "eval loss", value, checkpoints[i]))
+            histories[i].eval_steps.append(done)
+            histories[i].eval_loss.append(value)
+            metrics[i]["eval_loss"] = value
+
+    held = leaves + state.exp_avgs + state.exp_avg_sqs + averaged  # what a frozen member keeps
+    bar = tqdm(total=steps, initial=start, disable=not progress, desc=f"train x{k}", unit="step")
+    t0 = time.perf_counter() - elapsed
+    try:
+        if start == 0 and run_eval is not None:
+            evaluate_at(0, [{} for _ in range(k)])
+        for step in range(start, steps):
+            parts = [s.next(step) for s in sources]
+            where = [s.where(step) for s in sources]
+            batches = [to_model(p, dtype, dev) for p in parts]
+            inputs, targets, mask = stack_batches(cfg, batches, where)
+            rates = [lr_at(step, lr=lr_i, steps=steps, warmup_steps=warmup_steps,
+                           schedule=schedule, min_lr=min_lr) for lr_i in lrs]  # fmt: skip
+            out = forward(cfg, stacked, inputs)
+            if step == start and active():
+                check_forward(nets[active()[0]], inputs, out, active()[0])
+            losses = masked_losses(out, targets, mask)
+            grads = list(torch.autograd.grad(losses.sum(), leaves))
+            norms = clip_per_member(grads, grad_clip)
+            loss_values, norm_values, counts = torch.stack(
+                [losses.detach(), norms.to(losses.dtype), mask.sum((1, 2)).to(losses.dtype)]
+            ).tolist()
+            for i in active():
+                if counts[i] == 0:
+                    raise ValueError(f"member {i}: {where[i]}: loss_mask selects no position")
+                err = None
+                if not math.isfinite(loss_values[i]):
+                    cause = non_finite_targets(batches[i], where[i])
+                    err = TrainingDivergedError(
+                        step, "loss", loss_values[i], checkpoints[i], cause=cause
+                    )
+                    if cause is not None:
+                        raise fail(i, err)
+                elif not math.isfinite(norm_values[i]):
+                    err = TrainingDivergedError(
+                        step, "gradient norm", norm_values[i], checkpoints[i]
+                    )
+                if err is not None:
+                    if on_divergence == "raise":
+                        raise fail(i, err)
+                    diverged[i] = fail(i, err)
+            if not active():
+                raise _all_diverged(diverged)
+            frozen = [i for i in range(k) if diverged[i] is not None]
+            kept = ck.hold(held, frozen)
+            done = step + 1
+            adamw_step(leaves, grads, state.exp_avgs, state.exp_avg_sqs, step=done,
+                       lrs=torch.tensor(rates, dtype=torch.float64), weight_decay=weight_decay,
+                       betas=(betas[0], betas[1]), eps=eps)  # fmt: skip
+            if ema_decay is not None:
+                _update_average(averaged, leaves, ema_decay, done > ema_start)
+            ck.put_back(held, frozen, kept)
+            wall = time.perf_counter() - t0
+            metrics: list[dict[str, float]] = [{} for _ in range(k)]
+            for i in active():
+                state.updates[i] = done
+                h = histories[i]
+                h.steps.append(step)
+                h.train_loss.append(loss_values[i])
+                h.lr.append(rates[i])
+                h.grad_norm.append(norm_values[i])
+                h.wall_time.append(wall)
+                metrics[i].update(loss=loss_values[i], lr=rates[i], grad_norm=norm_values[i])
+            if run_eval is not None and (done == steps or (eval_every and done % eval_every == 0)):
+                evaluate_at(done, metrics)
+            if ckdir is not None and (
+                done == steps or (checkpoint_every and done % checkpoint_every == 0)
+            ):
+                checkpoints = ck.save(
+                    ckdir, done, nets, state, sources, parts, rates, histories, configs,
+                    diverged, dev, averages, keep_last, wall,
+                )  # fmt: skip
+            bar.update(1)
+            if done % log_every == 0 or done == steps:
+                bar.set_postfix(_postfix(histories, active(), log_every, k), refresh=False)
+            if callback is not None:
+                callback(step, metrics)
+    finally:
+        bar.close()
+        if owner is not None:
+            owner.release()
+    rates = [lr_at(steps - 1, lr=lr_i, steps=steps, warmup_steps=warmup_steps,
+                   schedule=schedule, min_lr=min_lr) for lr_i in lrs]  # fmt: skip
+    results = []
+    for i, net in enumerate(nets):
+        ck.fill_optimizer(state, i, rates[i])
+        ck.detach(net, state.optimizers[i])
+        if averages is not None:
+            ck.detach(averages[i], None)
+            averages[i].train()
+        model = net if averages is None else averages[i]
+        results.append(TrainResult(model, histories[i], state.optimizers[i], dev,
+                                   checkpoints[i], raw_model=net))  # fmt: skip
+    return EnsembleResult(results, diverged, dev)
+
+
+def _postfix(histories: list[TrainHistory], live: list[int], window: int, k: int) -> dict:
+    means = [sum(histories[i].train_loss[-window:]) / len(histories[i].train_loss[-window:])
+             for i in live]  # fmt: skip
+    out = {"loss": f"{sum(means) / len(means):.3e}"}
+    if len(live) < k:
+        out["diverged"] = str(k - len(live))
+    return out
+
+
+def _all_diverged(diverged: list[TrainingDivergedError | None]) -> TrainingDivergedError:
+    last = max((e for e in diverged if e is not None), key=lambda e: e.step)
+    when = ", ".join(
+        f"member {i} at step {e.step}" for i, e in enumerate(diverged) if e is not None
+    )
+    last.args = (f"every member of the ensemble diverged ({when}); {last.args[0]}",)
+    return last
