@@ -4,6 +4,9 @@ corrupted, cell sums, linearity in the difference, batched == looped, agreement 
 O(eps^2) for small differences), its cost (two forward passes, one backward), and bad
 inputs refused."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -418,3 +421,18 @@ def test_error_backward_hook_attached(setup):
         handle.remove()
     with unchecked(), pytest.raises(TypeError, match="progress must be True or False"):
         attribution_patching(model, clean, corrupted, metric, "z", progress="yes")
+
+
+# -- the how-to page -------------------------------------------------------------------------
+def test_howto_page_snippets_run():
+    page = Path(__file__).resolve().parents[1] / "docs" / "howto_attribution_patching.rst"
+    text = page.read_text()
+    blocks = re.findall(r"^\.\. code-block:: python\n((?:\n|   .*\n)+)", text, flags=re.M)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        code = "\n".join(line[3:] for line in block.splitlines()) + "\n"
+        exec(compile(code, f"{page.name}[{i}]", "exec"), namespace)  # asserts the exact case
+    assert namespace["exact"].shape == (2, 4, 16)
+    assert namespace["estimate"].shape == (4, 16)  # one hook point: no layer axis
+    assert bool(namespace["r"].isfinite())
