@@ -33,16 +33,21 @@ def test_reference_path_is_independent_of_the_working_directory(tmp_path, monkey
     assert ar.reference_path().is_relative_to(PACKAGE)
 
 
-def test_load_reference_reproduces_the_recorded_eval_mse():
-    model = ar.load_reference()
+@pytest.mark.parametrize(
+    ("name", "recipe", "steps", "bound"),
+    [("fast", "fast", 12_000, 1e-4), ("paper", "paper", 100_000, 1.5e-4)],
+)
+def test_load_reference_reproduces_the_recorded_eval_mse(name, recipe, steps, bound):
+    model = ar.load_reference(name)
     assert model.cfg == vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS)
-    _, meta = read_config(ar.reference_path())
-    assert meta["recipe"] == "fast" and meta["seed"] == 0
+    _, meta = read_config(ar.reference_path(name))
+    assert (meta["recipe"], meta["seed"], meta["steps"]) == (recipe, 0, steps)
     # the eval set examples/train_affine.py measured it on (recorded in the metadata)
     mse = vi.evaluate(model, ar.fixed_eval_set(24, 64, seed=10_000))
     assert mse == pytest.approx(meta["eval_mse"], rel=1e-4)
+    assert mse < bound  # a trained model, as REFERENCE_MODELS describes it
     # and loading is exactly vi.load of the folder
-    again = vi.load(ar.reference_path())
+    again = vi.load(ar.reference_path(name))
     for (name, p), (_, q) in zip(
         model.state_dict().items(), again.state_dict().items(), strict=True
     ):
