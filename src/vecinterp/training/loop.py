@@ -18,6 +18,7 @@ from .checkpoint import (
     read_checkpoint,
     remove_partial,
     restore_optimizer,
+    step_dir_name,
     write_checkpoint,
 )
 from .data import (
@@ -29,9 +30,10 @@ from .data import (
     non_finite_targets,
     to_model,
 )
+from .distributed import Ranks, join_ranks, rank_rng
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import check_schedule, lr_at
-from .setup import check_args, check_ema, make_eval, make_source, resolve_device
+from .setup import check_args, check_ema, make_eval, make_source
 
 Data = Iterable[Any] | Callable[[int, torch.Generator], Any]
 """Training data: an iterable of batches, or ``make_batch(step, generator) -> batch``."""
@@ -113,6 +115,13 @@ def train(
     NaN/inf inputs are refused naming the batch (``make_batch(3, ...)`` or ``batch 3 of
     data``; ``batch 0 of eval_data`` for the evaluation set).
 
+    Data-parallel: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
+    initialised) every rank runs this same call. Each draws the global batch and trains on
+    its share of the rows with ``DistributedDataParallel``; the model equals one process's
+    on the same global batch up to rounding. Rank 0 alone writes checkpoints and shows the
+    bar and ``callback``; an error on any rank stops every rank, naming it. See
+    :mod:`vecinterp.training.distributed` and :doc:`/howto_distributed`.
+
     Args:
         model: the model to train (copied; not modified).
         data: ``make_batch(step, generator)`` or an iterable of batches (see above).
@@ -142,13 +151,14 @@ def train(
             schedule is constant) must match. With ``resume=False`` an existing checkpoint
             is an error rather than overwritten.
         seed: seeds the data generator of ``make_batch``.
-        device: ``None``: :func:`default_device`.
+        device: ``None``: :func:`default_device` (``cuda:LOCAL_RANK`` under torchrun).
         progress: show a tqdm bar with the running loss.
         log_every: refresh the bar's running loss (mean of the last ``log_every`` losses)
             every this many updates.
-        callback: ``callback(step, metrics)`` after each update, with ``metrics`` holding
-            ``loss``, ``lr``, ``grad_norm`` and, after an evaluation, ``eval_loss``. It must
-            not draw from torch's global RNG if resumed runs are to stay bit-identical.
+        callback: ``callback(step, metrics)`` after each update (on rank 0 alone), with
+            ``metrics`` holding ``loss``, ``lr``, ``grad_norm`` and, after an evaluation,
+            ``eval_loss``. It must not draw from torch's global RNG if resumed runs are to
+            stay bit-identical.
 
     Returns:
         A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
@@ -179,134 +189,174 @@ def train(
                callback)  # fmt: skip
     check_schedule(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr=min_lr)
     check_ema(ema_decay, ema_start, steps)
-    dev = resolve_device(device)
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
-    dtype = next(model.parameters()).dtype
-    net = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
-    net.load_state_dict(model.state_dict())
-    net.train()
-    optimizer = _adamw(net, lr=lr, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay)
-    average = None
-    if ema_decay is not None:
-        average = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
-        average.load_state_dict(net.state_dict())
-        average.eval()
-    config = {
-        "model": model.cfg.to_dict(), "dtype": str(dtype), "lr": lr,
-        "weight_decay": weight_decay, "betas": list(betas), "eps": eps,
-        "warmup_steps": warmup_steps, "schedule": schedule, "min_lr": min_lr,
-        "grad_clip": grad_clip, "data": source.kind, "steps": steps,
-        **({"ema_decay": ema_decay, "ema_start": ema_start} if average is not None else {}),
-        "seed": seed if source.kind == "make_batch" else None,
-    }  # fmt: skip
-    history, start, elapsed, checkpoint = TrainHistory(), 0, 0.0, None
-    ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    # the run owns its checkpoint directory (an OS lock) until it returns or dies: a second
-    # run on it is refused before it touches any file there
-    owner = own_directory(ckdir) if ckdir is not None else None
-    try:
-        if ckdir is not None and owner is not None:
-            if owner.held:  # hidden leftovers of killed runs: no live run owns them
-                remove_partial(ckdir)
-            checkpoint = latest_checkpoint(ckdir)
-            if checkpoint is not None and not resume:
-                raise FileExistsError(
-                    f"{ckdir} already holds checkpoints (newest: {checkpoint.name}); pass "
-                    "resume=True to continue that run, or use an empty checkpoint_dir"
-                )
-            if checkpoint is not None:
-                start, history, elapsed = _restore(
-                    checkpoint, config, net, optimizer, source, dev, average
-                )
-    except BaseException:
-        if owner is not None:
-            owner.release()
-        raise
+    with join_ranks(device) as ranks:  # one process unless under torchrun (see distributed)
+        dev = ranks.device
+        dtype = next(model.parameters()).dtype
+        config = {
+            "model": model.cfg.to_dict(), "dtype": str(dtype), "lr": lr,
+            "weight_decay": weight_decay, "betas": list(betas), "eps": eps,
+            "warmup_steps": warmup_steps, "schedule": schedule, "min_lr": min_lr,
+            "grad_clip": grad_clip, "data": source.kind, "steps": steps,
+            **({"ema_decay": ema_decay, "ema_start": ema_start} if ema_decay is not None else {}),
+            "seed": seed if source.kind == "make_batch" else None,
+        }  # fmt: skip
+        ranks.agree(config)  # every rank was given the same arguments
+        net = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
+        net.load_state_dict(model.state_dict())
+        net.train()
+        trained = ranks.wrap(net)  # DDP across ranks (rank 0's weights), else net itself
+        optimizer = _adamw(net, lr=lr, betas=(betas[0], betas[1]), eps=eps,
+                           weight_decay=weight_decay)  # fmt: skip
+        average = None
+        if ema_decay is not None:
+            average = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
+            average.load_state_dict(net.state_dict())
+            average.eval()
+        history, start, elapsed, checkpoint = TrainHistory(), 0, 0.0, None
+        ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        # the run owns its checkpoint directory (an OS lock, taken by rank 0) until it returns
+        # or dies: a second run on it is refused before it touches any file there
+        owner = None
+        try:
+            if ckdir is not None:
+                with ranks.hold():  # an error here stops every rank at the sync below
+                    if ranks.is_main:
+                        owner = own_directory(ckdir)
+                        if owner.held:  # hidden leftovers of killed runs: no live run owns them
+                            remove_partial(ckdir)
+                        checkpoint = latest_checkpoint(ckdir)
+                        if checkpoint is not None and not resume:
+                            raise FileExistsError(
+                                f"{ckdir} already holds checkpoints (newest: {checkpoint.name}); "
+                                "pass resume=True to continue that run, or use an empty "
+                                "checkpoint_dir"
+                            )
+                ranks.sync("start")
+                checkpoint = ranks.share(checkpoint)  # every rank resumes from rank 0's pick
+                if checkpoint is not None:
+                    with ranks.hold():
+                        start, history, elapsed = _restore(
+                            checkpoint, config, net, optimizer, source, dev, average, ranks.rank
+                        )
+                    ranks.sync(f"the resume from {checkpoint}")
+        except BaseException:
+            if owner is not None:
+                owner.release()
+            raise
 
-    def save(done: int, last: Tensors) -> Path:
-        assert ckdir is not None
-        rng = {"torch_cpu": torch.get_rng_state(), **source.state()}
-        if dev.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(dev)
-        record = {
-            "config": config,
-            "data_fingerprint": fingerprint(last),
-            "elapsed": history.wall_time[-1],
-            "device": str(dev),
-        }
-        path = write_checkpoint(
-            ckdir, done, net, optimizer, rng, history.to_tensors(), record, average=average
-        )
-        prune(ckdir, keep_last)
-        return path
+        def rng_states() -> dict[str, torch.Tensor]:
+            rng = {"torch_cpu": torch.get_rng_state(), **source.state()}
+            if dev.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(dev)
+            return ranks.gather_rng(rng)  # with every other rank's states, if any
 
-    def evaluate_at(done: int) -> float:
-        assert run_eval is not None
-        value = run_eval(net if average is None else average)
-        if not math.isfinite(value):
-            raise TrainingDivergedError(done, "eval loss", value, checkpoint)
-        history.eval_steps.append(done)
-        history.eval_loss.append(value)
-        return value
+        def save(done: int, last: Tensors, rng: dict[str, torch.Tensor]) -> Path:
+            assert ckdir is not None
+            if not ranks.is_main:  # rank 0 alone writes
+                return ckdir / step_dir_name(done)
+            record = {
+                "config": config,
+                "data_fingerprint": fingerprint(last),
+                "elapsed": history.wall_time[-1],
+                "device": str(dev),
+                "world_size": ranks.world_size,
+            }
+            path = write_checkpoint(
+                ckdir, done, net, optimizer, rng, history.to_tensors(), record, average=average
+            )
+            prune(ckdir, keep_last)
+            return path
 
-    params = [p for p in net.parameters() if p.requires_grad]
-    # the weight average's tensors and the weights they follow, paired once for the loop
-    averaged: list[torch.Tensor] = []
-    followed: list[torch.Tensor] = list(params)
-    if average is not None:
-        averaged = [p for p in average.parameters() if p.requires_grad]
-    bar = tqdm(total=steps, initial=start, disable=not progress, desc="train", unit="step")
-    t0 = time.perf_counter() - elapsed
-    try:
-        if start == 0 and run_eval is not None:
-            evaluate_at(0)
-        for step in range(start, steps):
-            parts = source.next(step)
-            rate = lr_at(step, lr=lr, steps=steps, warmup_steps=warmup_steps,
-                         schedule=schedule, min_lr=min_lr)  # fmt: skip
-            for group in optimizer.param_groups:
-                group["lr"] = rate
-            optimizer.zero_grad(set_to_none=True)
-            batch = to_model(parts, dtype, dev)
-            loss = batch_loss(net, batch, source.where(step))
-            loss.backward()
-            norm = _grad_norm(params, grad_clip)
-            loss_value, norm_value = torch.stack([loss.detach(), norm.to(loss.dtype)]).tolist()
-            if not math.isfinite(loss_value):  # the data's fault (named), or divergence
-                cause = non_finite_targets(batch, source.where(step))
-                raise TrainingDivergedError(step, "loss", loss_value, checkpoint, cause=cause)
-            if not math.isfinite(norm_value):
-                raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
-            optimizer.step()
-            done = step + 1
-            if ema_decay is not None:
-                _update_average(averaged, followed, ema_decay, done > ema_start)
-            history.steps.append(step)
-            history.train_loss.append(loss_value)
-            history.lr.append(rate)
-            history.grad_norm.append(norm_value)
-            history.wall_time.append(time.perf_counter() - t0)
-            metrics = {"loss": loss_value, "lr": rate, "grad_norm": norm_value}
-            if run_eval is not None and (done == steps or (eval_every and done % eval_every == 0)):
-                metrics["eval_loss"] = evaluate_at(done)
-            if ckdir is not None and (
-                done == steps or (checkpoint_every and done % checkpoint_every == 0)
-            ):
-                checkpoint = save(done, parts)
-            bar.update(1)
-            if done % log_every == 0 or done == steps:
-                window = history.train_loss[-log_every:]
-                postfix = {"loss": f"{sum(window) / len(window):.3e}"}
-                if history.eval_loss:
-                    postfix["eval"] = f"{history.eval_loss[-1]:.3e}"
-                bar.set_postfix(postfix, refresh=False)
-            if callback is not None:
-                callback(step, metrics)
-    finally:
-        bar.close()
-        if owner is not None:
-            owner.release()
+        def evaluate_at(done: int) -> float:
+            assert run_eval is not None
+            value = run_eval(net if average is None else average)
+            if not math.isfinite(value):
+                raise TrainingDivergedError(done, "eval loss", value, checkpoint)
+            history.eval_steps.append(done)
+            history.eval_loss.append(value)
+            return value
+
+        def due(done: int, every: int | None) -> bool:
+            return done == steps or bool(every and done % every == 0)
+
+        params = [p for p in net.parameters() if p.requires_grad]
+        # the weight average's tensors and the weights they follow, paired once for the loop
+        averaged: list[torch.Tensor] = []
+        followed: list[torch.Tensor] = list(params)
+        if average is not None:
+            averaged = [p for p in average.parameters() if p.requires_grad]
+        bar = tqdm(total=steps, initial=start, disable=not progress or not ranks.is_main,
+                   desc="train", unit="step")  # fmt: skip
+        t0 = time.perf_counter() - elapsed
+        try:
+            if start == 0 and run_eval is not None:
+                with ranks.hold():
+                    evaluate_at(0)
+                ranks.sync("the evaluation before training")
+            for step in range(start, steps):
+                rate = lr_at(step, lr=lr, steps=steps, warmup_steps=warmup_steps,
+                             schedule=schedule, min_lr=min_lr)  # fmt: skip
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
+                optimizer.zero_grad(set_to_none=True)
+                evaluating = run_eval is not None and due(step + 1, eval_every)
+                saving = ckdir is not None and due(step + 1, checkpoint_every)
+                if isinstance(ranks, Ranks):  # this rank's share of the global batch
+                    check = step == start or evaluating or saving
+                    parts, loss, global_loss = ranks.forward(step, source, trained, net, check)
+                    loss.backward()
+                    norm_value = float(_grad_norm(params, grad_clip))
+                    loss_value = global_loss()
+                else:
+                    parts = source.next(step)
+                    loss = batch_loss(net, to_model(parts, dtype, dev), source.where(step))
+                    loss.backward()
+                    norm = _grad_norm(params, grad_clip)
+                    loss_value, norm_value = torch.stack(
+                        [loss.detach(), norm.to(loss.dtype)]
+                    ).tolist()
+                if not math.isfinite(loss_value):  # the data's fault (named), or divergence
+                    batch = to_model(parts, dtype, dev)
+                    cause = non_finite_targets(batch, source.where(step))
+                    raise TrainingDivergedError(step, "loss", loss_value, checkpoint, cause=cause)
+                if not math.isfinite(norm_value):
+                    raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
+                optimizer.step()
+                done = step + 1
+                if ema_decay is not None:
+                    _update_average(averaged, followed, ema_decay, done > ema_start)
+                history.steps.append(step)
+                history.train_loss.append(loss_value)
+                history.lr.append(rate)
+                history.grad_norm.append(norm_value)
+                history.wall_time.append(time.perf_counter() - t0)
+                metrics = {"loss": loss_value, "lr": rate, "grad_norm": norm_value}
+                if evaluating:
+                    with ranks.hold():
+                        metrics["eval_loss"] = evaluate_at(done)
+                if evaluating or saving:
+                    ranks.sync(f"step {step}")
+                if saving:
+                    rng = rng_states()
+                    with ranks.hold():
+                        checkpoint = save(done, parts, rng)
+                with ranks.hold():  # rank 0's errors here stop every rank at the next sync
+                    bar.update(1)
+                    if done % log_every == 0 or done == steps:
+                        window = history.train_loss[-log_every:]
+                        postfix = {"loss": f"{sum(window) / len(window):.3e}"}
+                        if history.eval_loss:
+                            postfix["eval"] = f"{history.eval_loss[-1]:.3e}"
+                        bar.set_postfix(postfix, refresh=False)
+                    if callback is not None and ranks.is_main:
+                        callback(step, metrics)
+            ranks.sync("the end")
+        finally:
+            bar.close()
+            if owner is not None:
+                owner.release()
     if average is None:
         return TrainResult(net, history, optimizer, dev, checkpoint, raw_model=net)
     average.train()
@@ -344,9 +394,10 @@ def _restore(
     source: MakeBatchSource | StreamSource,
     dev: torch.device,
     average: HookedVectorTransformer | None,
+    rank: int = 0,
 ) -> tuple[int, TrainHistory, float]:
-    """Load a checkpoint into ``net``, ``optimizer``, ``source``, the RNGs and the weight
-    average."""
+    """Load a checkpoint into ``net``, ``optimizer``, ``source``, the RNGs (``rank``'s)
+    and the weight average."""
     saved = read_checkpoint(path)
     record = saved["record"]
     before = record["config"]
@@ -373,9 +424,10 @@ def _restore(
         average.load_state_dict(saved["average"].state_dict())
     restore_optimizer(optimizer, saved["optimizer"], path)
     source.restore(step, saved["rng"], record["data_fingerprint"])
-    torch.set_rng_state(saved["rng"]["torch_cpu"])
-    if dev.type == "cuda" and "cuda" in saved["rng"]:
-        torch.cuda.set_rng_state(saved["rng"]["cuda"], dev)
+    rng = rank_rng(saved["rng"], rank)
+    torch.set_rng_state(rng["torch_cpu"])
+    if dev.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], dev)
     return step, TrainHistory.from_tensors(saved["history"]), float(record["elapsed"])
 
 
