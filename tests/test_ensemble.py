@@ -12,6 +12,7 @@ import torch
 import vecinterp as vi
 from helpers import ACT_FNS, NORMALIZATIONS, POSITIONALS, random_model, tiny_cfg, unchecked
 from vecinterp.training import _ensemble_checkpoint as ensemble_checkpoint
+from vecinterp.training import _stacked as stacked
 from vecinterp.training._stacked import (
     adamw_step,
     clip_per_member,
@@ -225,9 +226,15 @@ def test_clipping_is_per_member_by_hand():
     assert grads[1].flatten().tolist() == [4.0 * scale, 0.4]
 
 
-def test_adamw_step_equals_torch_adamw_per_member():
+@pytest.mark.parametrize("lrs", [[1e-2, 3e-3, 1.0], [1e-2, 3e-3, 1e-2], [3e-3] * 3])
+@pytest.mark.parametrize("fused", [True, False])
+def test_adamw_step_equals_torch_adamw_per_member(fused, lrs, monkeypatch):
+    if not fused:  # the fallback for devices and dtypes without torch's fused kernel
+        monkeypatch.setattr(stacked, "fused_available", lambda t: False)
+    else:
+        assert stacked.fused_available(torch.zeros(1, dtype=F64))
     gen = torch.Generator().manual_seed(0)
-    shapes, lrs = [(3, 4, 5), (3, 7)], [1e-2, 3e-3, 1.0]
+    shapes = [(3, 4, 5), (3, 7)]
     params = [torch.randn(s, generator=gen, dtype=F64) for s in shapes]
     refs = [[p[i].clone().requires_grad_() for p in params] for i in range(3)]
     opts = [
@@ -236,7 +243,9 @@ def test_adamw_step_equals_torch_adamw_per_member():
     avgs, sqs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
     for step in range(1, 6):
         grads = [torch.randn(s, generator=gen, dtype=F64) for s in shapes]
-        adamw_step(params, grads, avgs, sqs, step=step, lrs=torch.tensor(lrs, dtype=F64),
+        grads[0] = grads[0].transpose(1, 2).contiguous().transpose(1, 2)  # strided, as
+        assert not grads[0].is_contiguous()  # autograd.grad returns some
+        adamw_step(params, grads, avgs, sqs, step=step, lrs=lrs,
                    weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)  # fmt: skip
         for i, (ref, opt) in enumerate(zip(refs, opts)):
             for r, g in zip(ref, grads):

@@ -85,6 +85,7 @@ def stack_batches(
     x0 = batches[0][0]
     n_batch, n_pos = max(b[0].shape[0] for b in batches), max(b[0].shape[1] for b in batches)
     inputs = x0.new_zeros(len(batches), n_batch, n_pos, cfg.d_in)
+    assert cfg.d_out is not None
     targets = x0.new_zeros(len(batches), n_batch, n_pos, cfg.d_out)
     masks = torch.zeros(len(batches), n_batch, n_pos, dtype=torch.bool, device=x0.device)
     for i, (x, t, mask) in enumerate(batches):
@@ -213,18 +214,76 @@ def adamw_step(
     exp_avg_sqs: list[torch.Tensor],
     *,
     step: int,
-    lrs: torch.Tensor,
+    lrs: list[float],
     weight_decay: float,
     betas: tuple[float, float],
     eps: float,
 ) -> None:
     """Update ``step`` (1-based) of ``torch.optim.AdamW`` for K members at once, member
     ``i`` with learning rate ``lrs[i]``: ``p <- p (1 - lr wd)``, then the bias-corrected
-    Adam step ``p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``."""
+    Adam step ``p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+
+    Where torch has the fused AdamW kernel for the device and dtype (the one
+    :func:`vecinterp.train` uses), it runs on the stacks, one call per distinct learning
+    rate (on the members' slices when the rates differ): elementwise, the same arithmetic
+    as each member's own optimizer. Elsewhere, a few ``torch._foreach`` operations with
+    the per-member factors broadcast along the member axis."""
     beta1, beta2 = betas
-    lrs = lrs.to(device=params[0].device, dtype=params[0].dtype)
-    decay = [(1.0 - lrs * weight_decay).view(_member_shape(p)) for p in params]
-    size = [(lrs / (1.0 - beta1**step)).view(_member_shape(p)) for p in params]
+    if not fused_available(params[0]):
+        _foreach_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lrs, weight_decay, betas, eps)
+        return
+    members: dict[float, list[int]] = {}
+    for i, lr in enumerate(lrs):
+        members.setdefault(lr, []).append(i)
+    count = torch.tensor(float(step), dtype=torch.float32, device=params[0].device)
+    # the kernel walks memory in order: a strided gradient (autograd.grad returns some,
+    # e.g. through a permute) would be read in the wrong order
+    grads = [g.contiguous() for g in grads]
+    for lr, group in members.items():
+        p, g, m, v = params, grads, exp_avgs, exp_avg_sqs
+        if len(group) < len(lrs):  # the slices of this rate's members
+            p, g, m, v = ([t[i] for t in ts for i in group] for ts in (p, g, m, v))
+        torch._fused_adamw_(
+            p, g, m, v, [], [count] * len(p), amsgrad=False, lr=lr, beta1=beta1,
+            beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=False,
+        )  # fmt: skip
+
+
+_FUSED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def fused_available(t: torch.Tensor) -> bool:
+    """Whether torch's fused AdamW kernel runs on ``t``'s device type and dtype."""
+    key = (t.device.type, t.dtype)
+    if key not in _FUSED:
+        probe = [torch.zeros(1, dtype=t.dtype, device=t.device) for _ in range(4)]
+        count = [torch.ones((), dtype=torch.float32, device=t.device)]
+        try:
+            p, g, m, v = ([x] for x in probe)
+            torch._fused_adamw_(p, g, m, v, [], count, amsgrad=False, lr=1e-3, beta1=0.9,
+                                beta2=0.999, weight_decay=0.0, eps=1e-8,
+                                maximize=False)  # fmt: skip
+            _FUSED[key] = True
+        except (RuntimeError, NotImplementedError, AttributeError):
+            _FUSED[key] = False
+    return _FUSED[key]
+
+
+def _foreach_adamw(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    step: int,
+    lrs: list[float],
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+) -> None:
+    beta1, beta2 = betas
+    rates = torch.tensor(lrs, dtype=torch.float64).to(params[0].device, params[0].dtype)
+    decay = [(1.0 - rates * weight_decay).view(_member_shape(p)) for p in params]
+    size = [(rates / (1.0 - beta1**step)).view(_member_shape(p)) for p in params]
     torch._foreach_mul_(params, decay)
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)

@@ -133,15 +133,18 @@ def train_ensemble(
     clipping to its *own* total norm, weight average, evaluation, history and
     checkpoints. The K forward and backward passes run as one computation on weights
     stacked on a leading member axis (batched matrix products, the heads' queries, keys
-    and values in one product) and the K AdamW steps as one; each member's result equals
-    ``vi.train``'s up to rounding (a different order of summation; the tests hold the
-    weights to 1e-10 in float64 after 20 steps). The batched forward pass has no hook
+    and values in one product) and the K AdamW steps as one call of torch's fused AdamW
+    kernel (one per distinct learning rate); each member's result equals ``vi.train``'s
+    up to rounding (the batched products sum in another order; the tests hold the weights
+    to 1e-10 in float64 after 20 steps). The batched forward pass has no hook
     points: hooks attached to ``models`` do not run (the returned models have their own).
-    On the first step it is checked against the model's own forward on member 0's batch.
 
-    On a GPU the K members cost little more than one until the device is busy; on a CPU,
-    which is busy with one model's matrix products already, expect about the time of K
-    sequential runs (``benchmarks/ensemble.py`` measures both).
+    Speed: the point is an accelerator, which one small model leaves mostly idle and on
+    which K members are as many kernel launches as one (not yet measured). On a CPU, busy
+    with one model's matrix products already, the ensemble took about the time of K
+    sequential runs (0.8-1.1x their throughput; ``benchmarks/ensemble.py``).
+
+    On the first step the batched forward is checked against member 0's own forward.
 
     Arguments are :func:`vecinterp.train`'s, with these differences:
 
@@ -342,7 +345,7 @@ def train_ensemble(
             kept = ck.hold(held, frozen)
             done = step + 1
             adamw_step(leaves, grads, state.exp_avgs, state.exp_avg_sqs, step=done,
-                       lrs=torch.tensor(rates, dtype=torch.float64), weight_decay=weight_decay,
+                       lrs=rates, weight_decay=weight_decay,
                        betas=(betas[0], betas[1]), eps=eps)  # fmt: skip
             if ema_decay is not None:
                 _update_average(averaged, leaves, ema_decay, done > ema_start)
