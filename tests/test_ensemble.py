@@ -1,6 +1,7 @@
 """Ensembles: each member equals vi.train of the same model, seed, data and lr (float64, to
 rounding), the batched pieces equal their one-model definitions, divergence of one member,
-checkpoints and exact resume, and one clear error per bad argument."""
+checkpoints and exact resume, and one clear error per bad argument. One file: the tests of
+one function and its batched pieces, in sections."""
 
 import itertools
 import json
@@ -426,6 +427,7 @@ def test_bad_arguments_are_refused_by_name(models):
         (dict(data=[make_batch(0, torch.Generator())] * 5), ValueError, "one iterable of batches"),
         (dict(data=[make_batch, make_batch]), ValueError, "data holds 2 data sources but the"),
         (dict(data=42), TypeError, "data must be an iterable of batches or a callable"),
+        (dict(data=make_batch(0, torch.Generator())[:2]), TypeError, "data is a single batch"),
     ]
     for kwargs, error, message in cases:
         with unchecked(), pytest.raises(error, match=message):

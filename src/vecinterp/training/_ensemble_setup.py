@@ -62,6 +62,8 @@ def member_data(data: object, k: int) -> list[Any]:
     def is_source(d: object) -> bool:
         return callable(d) or (hasattr(d, "__iter__") and not is_batch(d))
 
+    if is_batch(data):  # refused by make_source, with vi.train's message
+        return [data] * k
     if isinstance(data, list | tuple) and data and all(is_source(d) for d in data):
         if len(data) != k:
             raise ValueError(
