@@ -3,7 +3,13 @@ induction head through its key and nothing else), hand-worked values, equivalenc
 (activation patching where the sender's only readers are the receivers, the formula
 ``ln1(resid_corr + Δ) W_K + b_K``, a plain three-run loop, batched == one at a time),
 invariants (clean == corrupted, a sender that writes nothing), bad inputs refused, and
-no hook or weight left changed."""
+no hook or weight left changed.
+
+One file because every test drives the one function, and the equivalences share their
+models and the plain three-run loop they are checked against."""
+
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -484,4 +490,21 @@ def test_bad_runs_are_refused(small):
             pp(model, clean, corrupted, 3.0, (0, 0), "output")
         with pytest.raises(ValueError, match="senders must be one of"):
             pp(model, clean, corrupted, last_sum, 7, "output")
+        with pytest.raises(ValueError, match="senders must be one of"):
+            pp(model, clean, corrupted, last_sum, torch.tensor([0, 1]), "output")
+        with pytest.raises(ValueError, match=r"layer must be an int .*got tensor\(1\)"):
+            pp(model, clean, corrupted, last_sum, (0, 0), [(torch.tensor(1), 0, "k")])
     assert not any(hp.has_hooks for hp in model.hook_dict.values())
+
+
+def test_the_how_to_page_example_runs():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "howto_path_patching.rst").read_text()
+    blocks = re.findall(r"^\.\. code-block:: python\n((?:\n|   .*\n)+)", text, flags=re.M)
+    assert len(blocks) == 1
+    code = "\n".join(line[3:] for line in blocks[0].splitlines())
+    namespace: dict = {}
+    exec(compile(code, "docs/howto_path_patching.rst", "exec"), namespace)
+    assert namespace["k_path"].shape == (4,)
+    assert namespace["direct"].shape == (2, 4) and not namespace["direct"].isnan().any()
+    assert namespace["all_keys"].shape == ()
+    assert namespace["effect"].shape == (4,)

@@ -224,7 +224,17 @@ def _is_single(spec: object) -> bool:
     if not isinstance(spec, tuple) or not spec:
         return False
     first = spec[0]
-    return first == "mlp" or (isinstance(first, int) and not isinstance(first, bool))
+    return _is_mlp(spec) or (isinstance(first, int) and not isinstance(first, bool))
+
+
+def _is_mlp(item: object) -> bool:
+    """``("mlp", layer)``."""
+    return (
+        isinstance(item, tuple | list)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and item[0] == "mlp"
+    )
 
 
 def _as_list(spec: object, what: str, forms: str) -> list[object]:
@@ -237,7 +247,7 @@ def _as_list(spec: object, what: str, forms: str) -> list[object]:
     return list(spec)
 
 
-def _mlp_layer(model: HookedVectorTransformer, item: Sequence[Any], what: str) -> int:
+def _mlp_layer(model: HookedVectorTransformer, item: Any, what: str) -> int:
     if model.cfg.attn_only:
         raise ValueError(f"{what} {item!r}: this model is attention-only, it has no MLPs")
     return check_layer(model, item[1], f"in the {what} {tuple(item)!r}")
@@ -246,9 +256,9 @@ def _mlp_layer(model: HookedVectorTransformer, item: Sequence[Any], what: str) -
 def _parse_senders(model: HookedVectorTransformer, senders: object) -> list[_Node]:
     nodes = []
     for item in _as_list(senders, "senders", _SENDER_FORMS):
-        if item == "embed":
+        if isinstance(item, str) and item == "embed":
             nodes.append(_Node("embed", -1))
-        elif isinstance(item, tuple | list) and len(item) == 2 and item[0] == "mlp":
+        elif _is_mlp(item):
             nodes.append(_Node("mlp", _mlp_layer(model, item, "sender")))
         elif isinstance(item, tuple | list) and len(item) == 2:
             where = f"in the sender {tuple(item)!r}"
@@ -263,9 +273,9 @@ def _parse_senders(model: HookedVectorTransformer, senders: object) -> list[_Nod
 def _parse_receivers(model: HookedVectorTransformer, receivers: object) -> list[_Node]:
     nodes: list[_Node] = []
     for item in _as_list(receivers, "receivers", _RECEIVER_FORMS):
-        if item == "output":
+        if isinstance(item, str) and item == "output":
             node = _Node("output", model.cfg.n_layers)
-        elif isinstance(item, tuple | list) and len(item) == 2 and item[0] == "mlp":
+        elif _is_mlp(item):
             node = _Node("mlp", _mlp_layer(model, item, "receiver"))
         elif isinstance(item, tuple | list) and len(item) == 3 and item[2] in _QKV:
             where = f"in the receiver {tuple(item)!r}"
@@ -346,7 +356,7 @@ def _run_2(
     recorded: dict[str, torch.Tensor] = {}
 
     def record(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        recorded[hook.name] = act
+        recorded[hook.name] = act.clone()  # a view of storage the pass goes on using
         return act
 
     start = min(0 if s.kind == "embed" else s.layer for s in senders)
