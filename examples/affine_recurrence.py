@@ -13,11 +13,11 @@ model) into ``--out``.
 Run::
 
     python examples/affine_recurrence.py                       # the shipped model, ~16 s
-    python examples/affine_recurrence.py --checkpoint fast checkpoints/affine_paper_seed0
+    python examples/affine_recurrence.py --checkpoint fast paper checkpoints/affine_fast_seed1
     python examples/affine_recurrence.py --train --steps 2000  # train a model here first
     python examples/affine_recurrence.py --fast                # CI: a tiny model, seconds
 
-``--checkpoint`` takes reference names (``fast``: ``affine_recurrence.load_reference``,
+``--checkpoint`` takes reference names (``fast``, ``paper``: ``affine_recurrence.load_reference``,
 shipped inside the package, so this runs from any directory) and ``vi.save`` folders.
 ``--fast`` trains a tiny model (d_model 32, 5 heads, 3 layers, 8-dim vectors) for 120
 steps with small data sets: it exercises the plumbing, its numbers say nothing about the

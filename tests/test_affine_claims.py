@@ -362,6 +362,27 @@ def test_robustness_table_has_a_column_per_model_and_rows_for_key_readings():
         ac.robustness_table([a, b], ["fast"])
 
 
+def test_robustness_table_puts_what_each_model_picked_in_its_own_cell():
+    # claim 11's "most identity-like heads" are a different five on each model: a row
+    # label naming the first model's heads would misname the others' figures
+    def result(heads, text):
+        alt = ac.Reading("top", f"the 5 most identity-like QK heads ({heads})", text, 1.0, key=True)
+        return ac.ClaimsResult((_claim(11, "x3.4", "does not hold", [alt]),), {}, {}, {})
+
+    a, b = result("0,2,3,4,5", "x3.8"), result("1,2,4,5,7", "x16.3")
+    assert ac.robustness_table([a, b], ["fast", "paper"]).splitlines()[-1] == (
+        "| 11′ | · the 5 most identity-like QK heads |  | x3.8 (0,2,3,4,5) | x16.3 (1,2,4,5,7) |"
+    )
+    same = ac.robustness_table([a, result("0,2,3,4,5", "x4.0")], ["fast", "paper"])
+    assert same.splitlines()[-1] == (
+        "| 11′ | · the 5 most identity-like QK heads (0,2,3,4,5) |  | x3.8 | x4.0 |"
+    )
+    other = ac.Reading("top", "all heads", "x9.1", 9.1, key=True)
+    c = ac.ClaimsResult((_claim(11, "x3.4", "does not hold", [other]),), {}, {}, {})
+    with pytest.raises(ValueError, match="claim 11: the models' alternative readings differ"):
+        ac.robustness_table([a, c], ["fast", "paper"])
+
+
 def test_claims_report_has_the_robustness_table_the_reasons_and_the_figures(result):
     text = ac.claims_report(
         [result, result], ["a", "b"], sources=["x", "y"], figures=["loss.png"], wall=3.25

@@ -1,9 +1,10 @@
 """Rendering: the claims table, the robustness table across models, the Markdown report."""
 
 import json
+import re
 from collections.abc import Sequence
 
-from .results import THRESHOLDS, Claim, ClaimsResult
+from .results import THRESHOLDS, Claim, ClaimsResult, Reading
 
 
 def _claims_of(result: ClaimsResult | Sequence[Claim]) -> tuple[Claim, ...]:
@@ -85,6 +86,24 @@ def claims_table(result: ClaimsResult | Sequence[Claim], *, fmt: str = "markdown
     raise ValueError(f"fmt must be 'markdown', 'rst' or 'text', got {fmt!r}")
 
 
+def _alternative_row(number: int, readings: Sequence[Reading]) -> list[str]:
+    """One ′ row: the reading's label, or, where the label names something that differs
+    between models (the heads a reading picked on each), the label without that
+    parenthesis and each model's own parenthesis in its cell."""
+    labels = [r.label for r in readings]
+    if len(set(labels)) == 1:
+        return [f"{number}′", f"· {labels[0]}", ""] + [r.text for r in readings]
+    parts = [_TRAILING_PARENTHESIS.match(label) for label in labels]
+    bases = {m.group(1) if m else label for m, label in zip(parts, labels, strict=True)}
+    if len(bases) != 1 or not all(parts):
+        raise ValueError(f"claim {number}: the models' alternative readings differ: {labels}")
+    cells = [f"{r.text} ({m.group(2)})" for r, m in zip(readings, parts, strict=True) if m]
+    return [f"{number}′", f"· {bases.pop()}", "", *cells]
+
+
+_TRAILING_PARENTHESIS = re.compile(r"(.*?)\s*\(([^()]*)\)\s*$")
+
+
 def robustness_table(
     results: Sequence[ClaimsResult], names: Sequence[str], *, fmt: str = "markdown"
 ) -> str:
@@ -125,10 +144,7 @@ def robustness_table(
         )
         for j, alt in enumerate(c.alternatives):
             if alt.key:
-                rows.append(
-                    [f"{c.number}′", f"· {alt.label}", ""]
-                    + [m[i].alternatives[j].text for m in per_model]
-                )
+                rows.append(_alternative_row(c.number, [m[i].alternatives[j] for m in per_model]))
     header = ["#", "claim", "paper", *names]
     if fmt == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
