@@ -224,7 +224,7 @@ class Ranks(Solo):
         ids = [self.device.index] if self.device.type == "cuda" else None
         # no buffer broadcast before every forward pass (torch >= 2.13 names it anew)
         named = "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters
-        no_sync = {"forward_sync_buffers" if named else "broadcast_buffers": False}
+        no_sync: dict[str, Any] = {"forward_sync_buffers" if named else "broadcast_buffers": False}
         return ddp(net, device_ids=ids, **no_sync)
 
     def gather_rng(self, rng: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
