@@ -2,21 +2,20 @@
 same global batch (to rounding), stop together naming a failed rank, resume bit for bit,
 and leave checkpoints, the lock, the progress bar and the callback to rank 0.
 
-The ranks are forked from the test process (where the platform can fork: no second import
-of torch, so the file takes seconds); each runs every scenario in turn on one process
-group and writes what it saw to a file that the tests below read.
+The ranks are forked from a fork server that imported torch, DDP's dependencies and this
+module once (a fork of the test process itself could inherit locks held by its threads and
+hang); each rank runs every scenario in turn on one process group and writes what it saw
+to a file that the tests below read.
 """
 
 import datetime
 import faulthandler
-import importlib
 import io
 import os
 import signal
 import socket
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,9 @@ WORLD = 2
 CFG = tiny_cfg()  # d_in=3, d_out=5, n_ctx=7
 MAP = torch.linspace(-1.0, 1.0, 15, dtype=F64).reshape(3, 5)
 LIMIT = 300  # seconds for one launch of the ranks (they take about 5-50 on a loaded VM)
-START = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+START = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+# DDP's constructor imports torch._dynamo (hundreds of modules, seconds): once in the server
+PRELOAD = ["torch._dynamo", __name__]
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed"
 )
@@ -183,10 +184,10 @@ def free_port() -> int:
 def launch(out: Path, kill: str | None = None) -> list[dict]:
     """Run ``worker`` on 2 ranks; fail (rather than hang) if they take over LIMIT seconds."""
     out.mkdir(exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
-        context = mp.start_processes(worker, args=(out, kill), nprocs=WORLD, join=False,
-                                     start_method=START)  # fmt: skip
+    if START == "forkserver":
+        mp.get_context(START).set_forkserver_preload(PRELOAD)
+    context = mp.start_processes(worker, args=(out, kill), nprocs=WORLD, join=False,
+                                 start_method=START)  # fmt: skip
     deadline = time.monotonic() + LIMIT
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
@@ -198,9 +199,6 @@ def launch(out: Path, kill: str | None = None) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    # DDP's constructor imports torch._dynamo (hundreds of modules, seconds): once here,
-    # inherited by the forked ranks, rather than once in each of them
-    importlib.import_module("torch._dynamo")
     return launch(tmp_path_factory.mktemp("ddp"))
 
 
