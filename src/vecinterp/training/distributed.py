@@ -130,9 +130,8 @@ class Solo:
     def agree(self, config: dict[str, Any]) -> None:
         """``ValueError`` on every rank unless every rank was given the same ``config``."""
 
-    def wrap(self, net: HookedVectorTransformer) -> torch.nn.Module:
-        """The module whose forward pass trains (DDP's wrapper, or ``net``)."""
-        return net
+    def wrap(self, net: HookedVectorTransformer) -> None:
+        """Wrap ``net`` in DDP for :meth:`Ranks.forward` (one process: nothing to do)."""
 
     def gather_rng(self, rng: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The RNG states a checkpoint saves: this rank's, and every other rank's."""
@@ -155,8 +154,14 @@ class Ranks(Solo):
             )
         self.comm = device if device.type == "cuda" and "nccl" in backend else torch.device("cpu")
         self.held: BaseException | None = None
+        self.ddp: torch.nn.Module | None = None  # only this reference: close() frees it
 
     def close(self) -> None:
+        # DDP's reducer holds the process group. Freed after destroy_process_group, it would
+        # destroy the group holding the GIL while gloo's worker threads may need the GIL to
+        # release a finished collective's tensors: a deadlock (seen under load, torch 2.13).
+        # Freed here, while the group is still registered, the group outlives it.
+        self.ddp = None
         if self.created and dist.is_initialized():
             dist.destroy_process_group()
         self.created = False
@@ -218,14 +223,14 @@ class Ranks(Solo):
                 f"(and model config), but {'; '.join(differ[:5])}"
             )
 
-    def wrap(self, net: HookedVectorTransformer) -> torch.nn.Module:
+    def wrap(self, net: HookedVectorTransformer) -> None:
         # DDP broadcasts rank 0's weights; the model's buffers are constant tables
         ddp = torch.nn.parallel.DistributedDataParallel
         ids = [self.device.index] if self.device.type == "cuda" else None
         # no buffer broadcast before every forward pass (torch >= 2.13 names it anew)
         named = "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters
         no_sync: dict[str, Any] = {"forward_sync_buffers" if named else "broadcast_buffers": False}
-        return ddp(net, device_ids=ids, **no_sync)
+        self.ddp = ddp(net, device_ids=ids, **no_sync)
 
     def gather_rng(self, rng: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         mine = {k: rng[k] for k in _RANK_STATES if k in rng}
@@ -240,11 +245,10 @@ class Ranks(Solo):
         self,
         step: int,
         source: MakeBatchSource | StreamSource,
-        module: torch.nn.Module,
         net: HookedVectorTransformer,
         check: bool,
     ) -> tuple[Tensors, torch.Tensor, Callable[[], float]]:
-        """Draw the global batch ``step``, forward this rank's share through ``module``.
+        """Draw the global batch ``step``, forward this rank's share through DDP.
 
         Returns the global batch, the loss to backpropagate (this rank's squared errors
         times ``world_size / n_used``) and a function that waits for the global masked MSE.
@@ -273,7 +277,8 @@ class Ranks(Solo):
         if n_used == 0:
             raise ValueError(f"{where}: loss_mask selects no position")
         inputs, targets, used = share
-        total = mse_at(module(inputs), targets, used, "sum")
+        assert self.ddp is not None, "wrap(net) first"
+        total = mse_at(self.ddp(inputs), targets, used, "sum")
         reduced = total.detach().to(self.comm, torch.float64).reshape(1)
         work = dist.all_reduce(reduced, async_op=True)
         loss = total * float(self.world_size) / n_used  # DDP averages over the ranks

@@ -206,7 +206,7 @@ def train(
         net = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
         net.load_state_dict(model.state_dict())
         net.train()
-        trained = ranks.wrap(net)  # DDP across ranks (rank 0's weights), else net itself
+        ranks.wrap(net)  # in DDP across ranks (rank 0's weights are broadcast)
         optimizer = _adamw(net, lr=lr, betas=(betas[0], betas[1]), eps=eps,
                            weight_decay=weight_decay)  # fmt: skip
         average = None
@@ -305,7 +305,7 @@ def train(
                 saving = ckdir is not None and due(step + 1, checkpoint_every)
                 if isinstance(ranks, Ranks):  # this rank's share of the global batch
                     check = step == start or evaluating or saving
-                    parts, loss, global_loss = ranks.forward(step, source, trained, net, check)
+                    parts, loss, global_loss = ranks.forward(step, source, net, check)
                     loss.backward()
                     norm_value = float(_grad_norm(params, grad_clip))
                     loss_value = global_loss()
