@@ -18,9 +18,14 @@ from jaxtyping import Float
 
 from ..hooks import HookPoint
 from ..model import HookedVectorTransformer
-from ..model.validation import check_input
 from ._validate import check_model
-from .patching import _BY, Metric, _clean_activations, _layout, _resolve_hook_names
+from .patching import (
+    Metric,
+    _check_patching_args,
+    _clean_activations,
+    _layout,
+    _resolve_hook_names,
+)
 
 __all__ = ["attribution_patching"]
 
@@ -128,26 +133,7 @@ def attribution_patching(
         True
     """
     model = check_model(model)
-    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
-    if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
-        got = (
-            tuple(corrupted_x.shape)
-            if isinstance(corrupted_x, torch.Tensor)
-            else type(corrupted_x).__name__
-        )
-        raise ValueError(
-            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
-            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
-        )
-    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
-    if not callable(metric):
-        raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    if by not in _BY:
-        raise ValueError(f"by must be one of {_BY}, got {by!r}")
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    _check_patching_args(model, clean_x, corrupted_x, metric, by, chunk_size)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be True or False, got {progress!r}")
     names, layered = _resolve_hook_names(model, hook_name)

@@ -172,26 +172,7 @@ def activation_patching(
         torch.Size([2, 2, 5])
     """
     model = check_model(model)
-    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
-    if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
-        got = (
-            tuple(corrupted_x.shape)
-            if isinstance(corrupted_x, torch.Tensor)
-            else type(corrupted_x).__name__
-        )
-        raise ValueError(
-            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
-            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
-        )
-    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
-    if not callable(metric):
-        raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    if by not in _BY:
-        raise ValueError(f"by must be one of {_BY}, got {by!r}")
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    _check_patching_args(model, clean_x, corrupted_x, metric, by, chunk_size)
     names, layered = _resolve_hook_names(model, hook_name)
     layout = _layout(names[0])
     if by in ("head", "head_pos") and layout == "position":
@@ -377,3 +358,42 @@ def _scalar(value: object, like: torch.Tensor) -> torch.Tensor:
         )
         raise ValueError(f"metric must return a scalar (one-element tensor or number), got {got}")
     return value.detach().reshape(()).to(like.device)
+
+
+def _check_patching_args(
+    model: HookedVectorTransformer,
+    clean_x: object,
+    corrupted_x: object,
+    metric: object,
+    by: object,
+    chunk_size: object,
+) -> None:
+    """The argument checks ``activation_patching`` and ``attribution_patching`` share."""
+    _check_runs(model, clean_x, corrupted_x, metric)
+    if by not in _BY:
+        raise ValueError(f"by must be one of {_BY}, got {by!r}")
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+
+
+def _check_runs(
+    model: HookedVectorTransformer, clean_x: object, corrupted_x: object, metric: object
+) -> None:
+    """Two inputs of one shape, each valid for ``model``, and a callable metric."""
+    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
+    assert isinstance(clean_x, torch.Tensor)
+    if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
+        got = (
+            tuple(corrupted_x.shape)
+            if isinstance(corrupted_x, torch.Tensor)
+            else type(corrupted_x).__name__
+        )
+        raise ValueError(
+            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
+            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
+        )
+    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
+    if not callable(metric):
+        raise TypeError(f"metric must be callable, got {type(metric).__name__}")

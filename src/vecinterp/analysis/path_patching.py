@@ -24,9 +24,8 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
-from ..model.validation import check_input
 from ._validate import check_head, check_layer, check_model
-from .patching import Metric, _scalar
+from .patching import Metric, _check_runs, _scalar
 
 __all__ = ["path_patching"]
 
@@ -195,26 +194,6 @@ def path_patching(
 
 
 # -- arguments --------------------------------------------------------------------------
-
-
-def _check_runs(
-    model: HookedVectorTransformer, clean_x: object, corrupted_x: object, metric: object
-) -> None:
-    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
-    assert isinstance(clean_x, torch.Tensor)
-    if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
-        got = (
-            tuple(corrupted_x.shape)
-            if isinstance(corrupted_x, torch.Tensor)
-            else type(corrupted_x).__name__
-        )
-        raise ValueError(
-            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
-            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
-        )
-    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
-    if not callable(metric):
-        raise TypeError(f"metric must be callable, got {type(metric).__name__}")
 
 
 def _is_single(spec: object) -> bool:
