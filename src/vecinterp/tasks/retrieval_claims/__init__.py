@@ -19,6 +19,9 @@ or :data:`FAST`), :func:`measure_claims` (two trained models and the IC run's ch
 → :class:`ClaimsResult`), :func:`judge_claims` (numbers → :class:`Claim` rows; pure, so
 the verdicts can be recomputed from a saved ``values`` dict), :func:`claims_table` and
 :func:`claims_report` (Markdown), :func:`claim_figures` (matplotlib, the ``plot`` extra).
+Seed sweeps (:func:`run_sweep`: an IC and a non-IC :func:`vecinterp.train_ensemble`, every
+seed measured as above, :class:`SweepRow`, :func:`summarize_sweep`, :func:`sweep_table`)
+turn the claims about every run, emergence order included, into measured fractions.
 The circuit analysis is usable on its own: :func:`chain_aligned_maps` /
 :func:`role_maps`, :func:`find_paths`, :func:`one_hot_map`, :func:`positional_maps`,
 :func:`validate_circuit`, :func:`track_emergence`.
@@ -102,6 +105,17 @@ from .measure import (
 )
 from .report import claims_report, claims_table
 from .results import ChainPath, Claim, ClaimsResult, Settings
+from .sweep import (
+    SweepResult,
+    SweepRow,
+    emergence_order,
+    run_sweep,
+    summarize_sweep,
+    sweep_row,
+    sweep_table,
+    train_sweep,
+    write_sweep_csv,
+)
 
 # The constants live in .results; bound here again with their docstrings, which is where
 # the API reference (autodata on this package) reads them.
@@ -156,12 +170,15 @@ __all__ = [
     "Claim",
     "ClaimsResult",
     "Settings",
+    "SweepResult",
+    "SweepRow",
     "chain_aligned_maps",
     "claim_figures",
     "claims_report",
     "claims_table",
     "crossings",
     "emergence_groups",
+    "emergence_order",
     "eval_batch",
     "find_paths",
     "judge_claims",
@@ -171,7 +188,13 @@ __all__ = [
     "position_labels",
     "positional_maps",
     "role_maps",
+    "run_sweep",
+    "summarize_sweep",
+    "sweep_row",
+    "sweep_table",
     "track_emergence",
     "train_model",
+    "train_sweep",
     "validate_circuit",
+    "write_sweep_csv",
 ]
