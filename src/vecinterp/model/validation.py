@@ -1,8 +1,11 @@
 """Fail-fast checks on what users pass to a model (and, reused by the layers above, to
 the analyses, the tasks and training): tensors, flags, seeds, dtypes and devices."""
 
+import contextlib
+import contextvars
 import math
 import operator
+from collections.abc import Iterator
 from typing import Literal, overload
 
 import torch
@@ -64,9 +67,28 @@ def check_input(
     return x
 
 
+_FINITE_CHECKS_TAKEN_OVER = contextvars.ContextVar("finite_checks_taken_over", default=False)
+
+
+@contextlib.contextmanager
+def finite_checks_taken_over() -> Iterator[None]:
+    """Within this block :func:`check_finite` checks nothing: the caller checks the same
+    tensors itself. The training loop does, with a flag it keeps on the device and reads
+    with the step's loss, so that a forward pass on a GPU does not wait for the device to
+    answer whether its inputs are finite (a host sync per step)."""
+    token = _FINITE_CHECKS_TAKEN_OVER.set(True)
+    try:
+        yield
+    finally:
+        _FINITE_CHECKS_TAKEN_OVER.reset(token)
+
+
 def check_finite(name: str, t: torch.Tensor, where: torch.Tensor | None = None) -> None:
     """Raise a ``ValueError`` naming ``name`` and the first bad index unless ``t`` is finite
-    (only where the bool mask ``where``, broadcastable to ``t``'s leading axes, is True)."""
+    (only where the bool mask ``where``, broadcastable to ``t``'s leading axes, is True);
+    nothing inside :func:`finite_checks_taken_over`."""
+    if _FINITE_CHECKS_TAKEN_OVER.get():
+        return
     if where is None:
         if bool(torch.isfinite(t).all()):  # the common case: one reduction, no mask
             return
