@@ -16,6 +16,7 @@ from .ablation import (
 )
 from .attribution import DirectAttribution, direct_attribution, next_vector_targets
 from .attribution_patching import attribution_patching
+from .circuit_discovery import CircuitResult, circuit_threshold_sweep, discover_circuit
 from .circuits import full_ov_circuit, full_qk_circuit, ov_circuit, pos_qk_circuit, qk_circuit
 from .detectors import (
     attention_patterns,
@@ -56,6 +57,7 @@ __all__ = [
     "pattern_ablation_hook",
     "resample_ablation_hook",
     "zero_ablation_hook",
+    "CircuitResult",
     "CompositionBaseline",
     "DirectAttribution",
     "LinearFit",
@@ -63,10 +65,12 @@ __all__ = [
     "activation_patching",
     "attention_patterns",
     "attribution_patching",
+    "circuit_threshold_sweep",
     "composition_baseline",
     "composition_scores",
     "detect_heads",
     "direct_attribution",
+    "discover_circuit",
     "eigenvalue_scores",
     "fit_line",
     "fraction_outside_embedding",
