@@ -127,14 +127,16 @@ class SweepResult:
 
 def emergence_order(values: Mapping[str, Any]) -> str:
     """A seed's emergence order, comparable across seeds: claim 6's groups
-    (:func:`~vecinterp.tasks.retrieval_claims.emergence_groups`) with each path named by
-    its roles only, sorted and without repeats within a group.
+    (:func:`~vecinterp.tasks.retrieval_claims.emergence_groups`) of the circuit's paths
+    named by their roles only (``Q->R0``, not ``L2H1 Q->R0``), each at the step its
+    *first* head emerged (a later copy in another head is redundant), sorted within a
+    group.
 
     ``"x_1: Q->R0, R0->L0 | x_2: Q->R1, R1->L1"`` reads: ``x_1``'s loss fell first, with
-    (up to one checkpoint after it) paths ``Q->R0`` and ``R0->L0`` emerging in some heads;
+    (up to one checkpoint interval after it) paths ``Q->R0`` and ``R0->L0`` emerging;
     then ``x_2``'s, with ``Q->R1`` and ``R1->L1``. A fall with no new path shows ``-``, a
-    loss that never fell ``never``; paths that emerged after the last fall are listed
-    under ``later``, circuit paths that never emerged under ``never``.
+    loss that never fell ``never``; paths that first emerged after the last fall are
+    listed under ``later``, circuit paths that never emerged in any head under ``never``.
 
     Args:
         values: the claims' ``values`` (``loss_crossing``, ``path_crossing``,
@@ -144,25 +146,32 @@ def emergence_order(values: Mapping[str, Any]) -> str:
         >>> from vecinterp.tasks.retrieval_claims import emergence_order
         >>> emergence_order({"loss_crossing": {"x_1": 96.0, "x_2": None},
         ...                  "path_crossing": {"L2H1 Q->R0": 108.0, "L1H0 R0->L0": 110.0,
-        ...                                    "L3H2 Q->R0": 90.0, "L3H0 Q->R1": 300.0},
+        ...                                    "L3H2 Q->R0": 290.0, "L3H0 Q->R1": 300.0},
         ...                  "checkpoint_every": 25})
         'x_1: Q->R0, R0->L0 | x_2: never | later: Q->R1'
     """
     try:
-        losses, paths = values["loss_crossing"], values["path_crossing"]
-        groups = emergence_groups(losses, paths, values["checkpoint_every"])
+        losses, paths, every = (
+            values["loss_crossing"], values["path_crossing"], values["checkpoint_every"]
+        )  # fmt: skip
     except KeyError as exc:
         raise ValueError(f"values lacks {exc.args[0]!r}: pass ClaimsResult.values") from exc
+    first: dict[str, float | None] = {}
+    for name, step in paths.items():
+        role = name.split(" ", 1)[-1]
+        known = first.get(role)
+        first[role] = step if known is None else known if step is None else min(known, step)
+    groups = emergence_groups(losses, first, every)
 
-    def roles(names: Iterable[str]) -> str:
-        return ", ".join(sorted({n.split(" ", 1)[-1] for n in names})) or "-"
+    def listed(roles: Iterable[str]) -> str:
+        return ", ".join(sorted(roles)) or "-"
 
-    parts = [f"{name}: {'never' if step is None else roles(new)}" for name, step, new in groups]
+    parts = [f"{name}: {'never' if step is None else listed(new)}" for name, step, new in groups]
     grouped = {n for _, _, new in groups for n in new}
-    late = [n for n, c in paths.items() if c is not None and n not in grouped]
-    never = [n for n, c in paths.items() if c is None]
-    parts += [f"later: {roles(late)}"] if late else []
-    parts += [f"never: {roles(never)}"] if never else []
+    late = [n for n, c in first.items() if c is not None and n not in grouped]
+    never = [n for n, c in first.items() if c is None]
+    parts += [f"later: {listed(late)}"] if late else []
+    parts += [f"never: {listed(never)}"] if never else []
     return " | ".join(parts)
 
 
