@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..loss import loss_positions, mse_at
+from ..model.validation import finite_checks_taken_over
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 """A batch taken apart: ``(inputs, targets, loss_mask or None)``."""
@@ -51,13 +52,30 @@ def unpack_batch(batch: object, where: str = "batch") -> Tensors:
 
 
 def to_model(parts: Tensors, dtype: torch.dtype, device: torch.device) -> Tensors:
-    """Move a batch to the model's device, its floats to the model's dtype."""
+    """Move a batch to the model's device, its floats to the model's dtype.
+
+    From the CPU to a CUDA GPU the tensors go through pinned memory with a non-blocking
+    copy: a copy from ordinary (pageable) memory would wait until the GPU has run every
+    kernel queued before it, a host sync per training step. The values are the same."""
     inputs, targets, mask = parts
     return (
-        inputs.to(device=device, dtype=dtype),
-        targets.to(device=device, dtype=dtype),
-        None if mask is None else mask.to(device),
+        _move(inputs, device, dtype),
+        _move(targets, device, dtype),
+        None if mask is None else _move(mask, device, mask.dtype),
     )
+
+
+def _move(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if device.type == "cuda" and t.device.type == "cpu":
+        # pinned, the copy runs asynchronously and its buffer is not reused before it has run
+        return t.to(dtype=dtype).pin_memory().to(device=device, non_blocking=True)
+    return t.to(device=device, dtype=dtype)
+
+
+def inputs_error(inputs: torch.Tensor, where: str) -> ValueError:
+    """The error for a batch whose inputs hold NaN or inf, naming the first bad index."""
+    first = (~torch.isfinite(inputs)).nonzero()[0].tolist()
+    return ValueError(f"{where}: inputs contain NaN or inf (first at index {first})")
 
 
 def batch_loss(model: torch.nn.Module, parts: Tensors, where: str = "batch") -> torch.Tensor:
@@ -73,17 +91,60 @@ def batch_loss(model: torch.nn.Module, parts: Tensors, where: str = "batch") -> 
     except ValueError:
         # the model names its argument "x"; say which batch and which of its parts
         if not bool(torch.isfinite(inputs).all()):
-            first = (~torch.isfinite(inputs)).nonzero()[0].tolist()
-            raise ValueError(
-                f"{where}: inputs contain NaN or inf (first at index {first})"
-            ) from None
+            raise inputs_error(inputs, where) from None
         raise
+    _check_outputs(targets, out, where)
+    return mse_at(out, targets, mask)
+
+
+def step_loss(
+    model: torch.nn.Module, parts: Tensors, where: str = "batch"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`batch_loss` without reading anything back to the host: ``(loss,
+    inputs_finite)``, two 0-d tensors on the model's device, for the training loop.
+
+    The loss is the same tensor, bit for bit. What :func:`batch_loss` checks by reading
+    the device is left to the caller, who reads ``inputs_finite`` and the loss with the
+    step's other numbers: NaN/inf inputs (the model's own scan is skipped; the caller
+    raises :func:`inputs_error`) and a ``loss_mask`` that selects no position (the loss
+    is then NaN, 0 / 0). Shapes are still checked at once (on the host, no sync).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.training.data import batch_loss, step_loss
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> x = torch.randn(3, 4, 2)
+        >>> loss, finite = step_loss(model, (x, -x, None))
+        >>> bool(finite), torch.equal(loss, batch_loss(model, (x, -x, None)))
+        (True, True)
+        >>> x[1, 2, 0] = float("nan")
+        >>> bool(step_loss(model, (x, -x, None))[1])
+        False
+    """
+    inputs, targets, mask = parts
+    finite = torch.isfinite(inputs).all()
+    with finite_checks_taken_over():
+        out = model(inputs)
+    _check_outputs(targets, out, where)
+    # mse_at's mean reads the number of used positions back to refuse none; the sum
+    # divided by the same count on the device is the same number without that read
+    count = loss_positions(mask, out.shape[:-1], out.device).sum()
+    return mse_at(out, targets, mask, reduction="sum") / count, finite
+
+
+def no_used_position(parts: Tensors) -> bool:
+    """Whether a batch's ``loss_mask`` selects no position (its mean loss is 0 / 0)."""
+    _, targets, mask = parts
+    return not bool(loss_positions(mask, targets.shape[:-1], targets.device).any())
+
+
+def _check_outputs(targets: torch.Tensor, out: torch.Tensor, where: str) -> None:
     if targets.shape != out.shape:
         raise ValueError(
             f"{where}: targets have shape {tuple(targets.shape)}, but the model's outputs "
             f"[batch, pos, d_out] have {tuple(out.shape)}"
         )
-    return mse_at(out, targets, mask)
 
 
 def non_finite_targets(parts: Tensors, where: str = "batch") -> str | None:

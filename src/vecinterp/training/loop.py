@@ -1,4 +1,8 @@
-"""The training loop: masked MSE, AdamW, schedule, clipping, eval, checkpoints, resume."""
+"""The training loop: masked MSE, AdamW, schedule, clipping, eval, checkpoints, resume.
+
+One file: :func:`train` is one function whose parts share the run's state (the network,
+the optimizer, the checkpoint directory's lock, the steps not yet read), and its small
+helpers beside it are also what the ensemble trainer imports."""
 
 import math
 import os
@@ -11,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..model.transformer import HookedVectorTransformer
+from ._pending import PendingSteps
 from .checkpoint import (
     latest_checkpoint,
     own_directory,
@@ -21,18 +26,10 @@ from .checkpoint import (
     step_dir_name,
     write_checkpoint,
 )
-from .data import (
-    MakeBatchSource,
-    StreamSource,
-    Tensors,
-    batch_loss,
-    fingerprint,
-    non_finite_targets,
-    to_model,
-)
+from .data import MakeBatchSource, StreamSource, Tensors, fingerprint, step_loss, to_model
 from .distributed import Ranks, join_ranks, rank_rng
 from .result import TrainHistory, TrainingDivergedError, TrainResult
-from .schedule import check_schedule, lr_at
+from .schedule import check_int, check_schedule, lr_at
 from .setup import check_args, check_ema, make_eval, make_source
 
 Data = Iterable[Any] | Callable[[int, torch.Generator], Any]
@@ -65,6 +62,7 @@ def train(
     progress: bool = True,
     log_every: int = 50,
     callback: Callable[[int, dict[str, float]], Any] | None = None,
+    sync_every: int = 50,
 ) -> TrainResult:
     r"""Train ``model`` on ``data`` with the masked MSE and AdamW; checkpoint and resume.
 
@@ -109,11 +107,23 @@ def train(
     ``kill -9``): a second run on the same directory is refused before it touches a file.
     ``resume=True`` continues from the newest (or starts afresh if there is none) and ends
     bit-identical to an uninterrupted run on the same device. A NaN/inf loss or gradient
-    raises :class:`TrainingDivergedError` naming the step, before the update, so earlier
-    checkpoints hold the last good state; when the batch's targets are to blame (NaN or
-    inf at a position the loss uses), the error names the batch and the first bad index.
-    NaN/inf inputs are refused naming the batch (``make_batch(3, ...)`` or ``batch 3 of
-    data``; ``batch 0 of eval_data`` for the evaluation set).
+    raises :class:`TrainingDivergedError` naming the step; no checkpoint holds that step's
+    update or any later one, so the newest holds the last good state. When the batch's
+    targets are to blame (NaN or inf at a position the loss uses), the error names the
+    batch and the first bad index. NaN/inf inputs are refused naming the batch
+    (``make_batch(3, ...)`` or ``batch 3 of data``; ``batch 0 of eval_data`` for the
+    evaluation set).
+
+    Host syncs: each step's loss, gradient norm and input check stay on the device and are
+    read all at once every ``sync_every`` steps, so that on a GPU the host can queue the
+    next steps while the device computes (a read waits for everything queued before it).
+    They are also read before every evaluation, checkpoint and ``callback`` call (so with a
+    callback, every step), at every ``log_every`` steps while the bar is shown, and after
+    the last step. The first bad step of the ones read is named as a read after every step
+    would name it; the device may have run up to ``sync_every - 1`` more steps by then,
+    whose updates are dropped with the run. The history, the weights and the checkpoints
+    do not depend on ``sync_every``; ``wall_time`` is the host's clock when a step was
+    queued (on a GPU, exact at each read). On a CPU a read costs nothing but itself.
 
     Data-parallel: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
     initialised) every rank runs this same call. Each draws the global batch and trains on
@@ -159,6 +169,10 @@ def train(
             ``metrics`` holding ``loss``, ``lr``, ``grad_norm`` and, after an evaluation,
             ``eval_loss``. It must not draw from torch's global RNG if resumed runs are to
             stay bit-identical.
+        sync_every: read the steps' losses and gradient norms on the host (and check them)
+            at least every this many steps (>= 1; see "Host syncs" above). ``1`` checks
+            each step before the next starts. Under ``torchrun`` every step is read (the
+            ranks agree on each step's loss).
 
     Returns:
         A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
@@ -170,7 +184,8 @@ def train(
             corrupted one (naming the file), data that run out, or a ``checkpoint_dir``
             that another run holds (naming its pid, host and start time).
         FileExistsError: checkpoints exist and ``resume=False``.
-        TrainingDivergedError: a ``FloatingPointError`` for a non-finite loss.
+        TrainingDivergedError: a ``FloatingPointError`` for a non-finite loss or gradient
+            norm.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -189,6 +204,7 @@ def train(
                callback)  # fmt: skip
     check_schedule(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr=min_lr)
     check_ema(ema_decay, ema_start, steps)
+    check_int("sync_every", sync_every, minimum=1)
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
     with join_ranks(device) as ranks:  # one process unless under torchrun (see distributed)
@@ -287,8 +303,11 @@ def train(
         followed: list[torch.Tensor] = list(params)
         if average is not None:
             averaged = [p for p in average.parameters() if p.requires_grad]
-        bar = tqdm(total=steps, initial=start, disable=not progress or not ranks.is_main,
-                   desc="train", unit="step")  # fmt: skip
+        shown = progress and ranks.is_main
+        bar = tqdm(total=steps, initial=start, disable=not shown, desc="train", unit="step")
+        # each step's loss, gradient norm and input check stay on the device until read
+        # (one transfer) every sync_every steps and wherever the host needs them
+        pending = PendingSteps(source.where, dtype, dev)
         t0 = time.perf_counter() - elapsed
         try:
             if start == 0 and run_eval is not None:
@@ -301,38 +320,46 @@ def train(
                 for group in optimizer.param_groups:
                     group["lr"] = rate
                 optimizer.zero_grad(set_to_none=True)
-                evaluating = run_eval is not None and due(step + 1, eval_every)
-                saving = ckdir is not None and due(step + 1, checkpoint_every)
-                if isinstance(ranks, Ranks):  # this rank's share of the global batch
-                    check = step == start or evaluating or saving
-                    parts, loss, global_loss = ranks.forward(step, source, net, check)
-                    loss.backward()
-                    norm_value = float(_grad_norm(params, grad_clip))
-                    loss_value = global_loss()
-                else:
-                    parts = source.next(step)
-                    loss = batch_loss(net, to_model(parts, dtype, dev), source.where(step))
-                    loss.backward()
-                    norm = _grad_norm(params, grad_clip)
-                    loss_value, norm_value = torch.stack(
-                        [loss.detach(), norm.to(loss.dtype)]
-                    ).tolist()
-                if not math.isfinite(loss_value):  # the data's fault (named), or divergence
-                    batch = to_model(parts, dtype, dev)
-                    cause = non_finite_targets(batch, source.where(step))
-                    raise TrainingDivergedError(step, "loss", loss_value, checkpoint, cause=cause)
-                if not math.isfinite(norm_value):
-                    raise TrainingDivergedError(step, "gradient norm", norm_value, checkpoint)
-                optimizer.step()
                 done = step + 1
+                evaluating = run_eval is not None and due(done, eval_every)
+                saving = ckdir is not None and due(done, checkpoint_every)
+                try:
+                    if isinstance(ranks, Ranks):  # this rank's share of the global batch
+                        check = step == start or evaluating or saving
+                        parts, loss, global_loss = ranks.forward(step, source, net, check)
+                        loss.backward()
+                        norm_value = float(_grad_norm(params, grad_clip))
+                        values = [global_loss(), norm_value, 1.0]  # read already
+                        pending.add(step, rate, torch.tensor(values, dtype=torch.float64), parts)
+                        read = True
+                    else:
+                        parts = source.next(step)
+                        batch = to_model(parts, dtype, dev)
+                        loss, finite = step_loss(net, batch, source.where(step))
+                        loss.backward()
+                        norm = _grad_norm(params, grad_clip).to(loss.dtype)
+                        loss = loss.detach()
+                        pending.add(
+                            step, rate, torch.stack([loss, norm, finite.to(loss.dtype)]), batch
+                        )
+                        read = (
+                            len(pending) >= sync_every or evaluating or saving or done == steps
+                            or callback is not None or (shown and done % log_every == 0)
+                        )  # fmt: skip
+                except Exception:  # an earlier step of the window may have failed first
+                    pending.check_before(checkpoint)
+                    raise
+                if read:  # before this update; and before any checkpoint of the steps read
+                    pending.check(checkpoint)
+                optimizer.step()
                 if ema_decay is not None:
                     _update_average(averaged, followed, ema_decay, done > ema_start)
-                history.steps.append(step)
-                history.train_loss.append(loss_value)
-                history.lr.append(rate)
-                history.grad_norm.append(norm_value)
-                history.wall_time.append(time.perf_counter() - t0)
-                metrics = {"loss": loss_value, "lr": rate, "grad_norm": norm_value}
+                pending.finished(time.perf_counter() - t0)
+                if not read:
+                    with ranks.hold():
+                        bar.update(1)
+                    continue
+                metrics = pending.commit(history)[-1][1]
                 if evaluating:
                     with ranks.hold():
                         metrics["eval_loss"] = evaluate_at(done)
@@ -344,7 +371,7 @@ def train(
                         checkpoint = save(done, parts, rng)
                 with ranks.hold():  # rank 0's errors here stop every rank at the next sync
                     bar.update(1)
-                    if done % log_every == 0 or done == steps:
+                    if shown and (done % log_every == 0 or done == steps):
                         window = history.train_loss[-log_every:]
                         postfix = {"loss": f"{sum(window) / len(window):.3e}"}
                         if history.eval_loss:
