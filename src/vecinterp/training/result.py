@@ -96,8 +96,10 @@ class TrainResult:
 class TrainingDivergedError(FloatingPointError):
     """Raised when a loss or gradient norm turns NaN or infinite; names the step.
 
-    The failing update is not applied, so the model, and every checkpoint already
-    written, hold the last good state.
+    No checkpoint holds the failing update or a later one: every checkpoint already
+    written holds a good state, the newest (``checkpoint``) the last one checked. (The
+    run's own copy of the model may have taken up to ``sync_every - 1`` more updates on
+    the device before the values were read; it is dropped with the run.)
 
     Attributes:
         step: the step whose loss (or gradient) was not finite.
