@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vecinterp as vi
-from helpers import random_input, random_model, tiny_cfg
+from helpers import random_input, random_model, tiny_cfg, unchecked
 from vecinterp.analysis.ablation import (
     ablate,
     ablate_heads,
@@ -464,3 +464,61 @@ def test_head_ablation_sweep_rejects(model, x, overrides, error, match):
     with pytest.raises(error, match=match):
         head_ablation_sweep(model, x, progress=False, **kwargs)
     assert no_hooks(model)
+
+
+# ------------------------------------------------------------- mean_activations' passes
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 3, 10, 64])
+def test_mean_activations_chunked_equals_one_cached_run(model, pop, chunk_size):
+    names = ["blocks.0.attn.hook_z", "blocks.1.hook_resid_mid", "blocks.0.mlp.hook_post"]
+    _, cache = model.run_with_cache(pop, names_filter=names)
+    means = mean_activations(model, pop, names, chunk_size=chunk_size)
+    assert sorted(means) == sorted(names)
+    for name in names:
+        assert means[name].dtype == cache[name].dtype
+        torch.testing.assert_close(means[name], cache[name].mean(0), rtol=0, atol=1e-14)
+
+
+def test_mean_activations_is_the_exact_mean_rounded_once():
+    # float32 activations of one pass: the float64 sum, divided once, is their exact mean
+    # rounded to float32 (a float32 .mean(0) rounds at every addition)
+    m = random_model(tiny_cfg(), dtype=torch.float32)
+    pop32 = random_input(tiny_cfg(), batch=37, seed=5, dtype=torch.float32)
+    name = "blocks.1.hook_resid_post"
+    _, cache = m.run_with_cache(pop32, names_filter=name)
+    exact = cache[name].double().mean(0).float()
+    assert torch.equal(mean_activations(m, pop32, name, chunk_size=37)[name], exact)
+    for chunk in (1, 5):  # smaller passes: a matrix product may round differently per shape
+        torch.testing.assert_close(
+            mean_activations(m, pop32, name, chunk_size=chunk)[name], exact, rtol=1e-6, atol=1e-6
+        )
+
+
+def test_mean_activations_stops_after_the_last_requested_activation(model, pop):
+    calls = []
+    later = "blocks.1.mlp.hook_pre"  # after blocks.1.attn.hook_z
+    model.add_hook(later, lambda act, hook: calls.append(1))
+    try:
+        mean_activations(model, pop, "blocks.1.attn.hook_z", chunk_size=4)
+        assert calls == []
+        mean_activations(model, pop, [later, "blocks.0.attn.hook_z"], chunk_size=4)
+        assert len(calls) == 3  # 10 sequences in passes of 4: ran up to `later` each time
+    finally:
+        model.reset_hooks()
+
+
+def test_mean_activations_sees_what_an_editing_hook_wrote(model, pop):
+    name = "blocks.0.hook_resid_post"
+    model.add_hook(name, lambda act, hook: act * 0 + 2.5)
+    try:
+        mean = mean_activations(model, pop, name, chunk_size=3)[name]
+    finally:
+        model.reset_hooks()
+    assert torch.equal(mean, torch.full_like(mean, 2.5))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_mean_activations_rejects_bad_chunk_size(model, pop, bad):
+    with unchecked(), pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        mean_activations(model, pop, "blocks.0.attn.hook_z", chunk_size=bad)

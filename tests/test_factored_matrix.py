@@ -416,3 +416,16 @@ def test_factored_matches_dense_on_random_shapes(batch, m, k, n, seed):
     torch.testing.assert_close((M.T @ fm.T).AB, (dense @ M).mT, **TOL)
     if m == n:
         assert_same_multiset(fm.eigenvalues, torch.linalg.eigvals(dense), atol=1e-6)
+
+
+def test_broadcast_is_torch_broadcast_shapes():
+    from vecinterp.factored_matrix import _broadcast
+
+    shapes = [(), (1,), (3,), (0,), (2, 1), (1, 3), (2, 3), (4, 1, 3), (1, 0), (5, 2, 1, 1)]
+    for a in shapes:
+        for b in shapes:
+            try:
+                expected = tuple(torch.broadcast_shapes(a, b))
+            except RuntimeError:
+                expected = None
+            assert _broadcast(a, b) == expected, (a, b)

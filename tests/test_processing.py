@@ -404,3 +404,31 @@ def test_centering_the_unembed_would_change_mse_outputs():
     assert max_diff(new_y, y) > 0.1  # the regression outputs change ...
     assert max_diff(new_y, y - y.mean(-1, keepdim=True)) <= F64_TOL  # ... by their mean
     assert max_diff(new_y.softmax(-1), y.softmax(-1)) <= 1e-12  # a softmax would not notice
+
+
+def test_uninitialised_weights_only_inside_and_restored_after_an_error():
+    from vecinterp.model.transformer import uninitialised_weights
+
+    cfg = tiny_cfg()
+    with pytest.raises(RuntimeError, match="boom"), uninitialised_weights():
+        raise RuntimeError("boom")
+    after = vi.HookedVectorTransformer(cfg, seed=3)
+    reference = vi.HookedVectorTransformer(cfg, seed=0)
+    reference.init_weights(seed=3)
+    for (name, p), q in zip(after.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_copy_into_a_config_the_old_model_cannot_fill_starts_from_seed_0():
+    # a processed copy is built uninitialised and filled from the old model; a tensor the
+    # old model lacks (here: MLP weights of an attention-only model) must not stay empty
+    from vecinterp.model.processing import _copy
+
+    old = random_model(tiny_cfg(attn_only=True, d_mlp=None))
+    cfg = tiny_cfg()
+    new = _copy(old, cfg)
+    seed0 = vi.HookedVectorTransformer(cfg, seed=0, dtype=old.W_E.dtype)
+    old_sd = old.state_dict()
+    for name, tensor in new.state_dict().items():
+        expected = old_sd[name] if name in old_sd else seed0.state_dict()[name]
+        assert torch.equal(tensor, expected), name

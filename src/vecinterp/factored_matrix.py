@@ -17,7 +17,7 @@ a question about ``AB`` from its two factors, and :func:`linalg_dtype` is the on
 those methods share; most of the length is the math in the docstrings.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 import torch
@@ -43,6 +43,21 @@ def linalg_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _shape(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(x.shape)
+
+
+def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    """NumPy broadcasting of two shapes, or ``None`` if they do not broadcast.
+
+    ``torch.broadcast_shapes`` gives the same answer but its first call imports torch's
+    symbolic-shape machinery (0.6 s)."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(reversed(out))
 
 
 class FactoredMatrix:
@@ -119,12 +134,11 @@ class FactoredMatrix:
             )
         if 0 in (A.shape[-2], A.shape[-1], B.shape[-1]):
             raise ValueError(f"FactoredMatrix: empty matrix axis in A {_shape(A)} @ B {_shape(B)}")
-        try:
-            batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
-        except RuntimeError:
+        batch = _broadcast(A.shape[:-2], B.shape[:-2])
+        if batch is None:
             raise ValueError(
                 f"FactoredMatrix: leading dims of A {_shape(A)} and B {_shape(B)} do not broadcast"
-            ) from None
+            )
         for name, factor in (("A", A), ("B", B)):
             if not bool(torch.isfinite(factor).all()):
                 raise ValueError(f"FactoredMatrix: {name} {_shape(factor)} contains NaN or inf")
@@ -316,14 +330,11 @@ class FactoredMatrix:
                 f"{expr}: matrix of shape {tuple(self.shape)} cannot multiply operand of "
                 f"shape {_shape(other)} (needs {needed} along axis {axis})"
             )
-        if other.ndim > 2:
-            try:
-                torch.broadcast_shapes(self._A.shape[:-2], other.shape[:-2])
-            except RuntimeError:
-                raise ValueError(
-                    f"{expr}: leading dims of matrix {tuple(self.shape)} and operand "
-                    f"{_shape(other)} do not broadcast"
-                ) from None
+        if other.ndim > 2 and _broadcast(self._A.shape[:-2], other.shape[:-2]) is None:
+            raise ValueError(
+                f"{expr}: leading dims of matrix {tuple(self.shape)} and operand "
+                f"{_shape(other)} do not broadcast"
+            )
 
     # ------------------------------------------------------------------ spectra and norms
 

@@ -12,7 +12,7 @@ import torch
 from ..hooks import HookFn, HookPoint, NameFilter
 from ..model import HookedVectorTransformer
 from ..model.validation import check_finite, check_input, check_seed
-from ._ablation_common import _axis_mask, _index_list
+from ._ablation_common import _axis_mask, _index_list, _pass_budget, _widest
 from ._validate import check_model, check_population
 
 __all__ = [
@@ -182,22 +182,34 @@ def resample_ablation_hook(
 
 
 def mean_activations(
-    model: HookedVectorTransformer, population: torch.Tensor, names: NameFilter
+    model: HookedVectorTransformer,
+    population: torch.Tensor,
+    names: NameFilter,
+    chunk_size: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-position means of activations over a population: ``mean[p] = (1/N) Σ_n a_n[p]``.
 
     Compute them once and pass the dict as ``population=`` to the ablation functions to
-    reuse them (the whole population runs through the model in one pass).
+    reuse them.
+
+    The population runs through the model in passes of ``chunk_size`` sequences, each
+    pass stopping at the last requested activation (layers after it are not computed);
+    the sums are accumulated in float64 and divided once: the result is the activations'
+    mean rounded once to their dtype. (In float32 a sequence's activations themselves may
+    differ in the last bit with the pass size, as matrix products round by shape.)
 
     Args:
         model: the model.
         population: inputs ``[N, pos_pop, d_in]``.
         names: hook names (a name, a list of names or a predicate, as in
             ``run_with_cache``).
+        chunk_size: sequences per pass (a positive int). Default: as many as keep the
+            widest activation of a pass at about 2^22 numbers on CPU (larger passes fall
+            out of cache and run slower per row) or 2^27 on an accelerator.
 
     Returns:
         ``{name: activation.mean(dim=0)}``: ``[pos_pop, ...]`` for activations whose axis 1
-        is ``pos``.
+        is ``pos``, in the activation's dtype.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -213,9 +225,39 @@ def mean_activations(
     hook_names = model.hook_names(names)
     if not hook_names:
         raise ValueError(f"names={names!r} selects no hook point")
-    with torch.no_grad():
-        _, cache = model.run_with_cache(population, names_filter=hook_names)
-    return {name: cache[name].mean(dim=0) for name in hook_names}
+    n, n_pos = population.shape[:2]
+    if chunk_size is None:
+        width = _widest(model.cfg, model.W_U.shape[1], n_pos)
+        chunk_size = max(1, _pass_budget(population.device) // (n_pos * width))
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    sums: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    seen: set[str] = set()
+
+    def record(act: torch.Tensor, hook: HookPoint) -> None:
+        total = act.sum(dim=0, dtype=torch.float64)
+        sums[hook.name] = sums[hook.name] + total if hook.name in sums else total
+        dtypes[hook.name] = act.dtype
+        seen.add(hook.name)
+        if len(seen) == len(hook_names):
+            raise _Done  # the rest of this pass feeds no requested activation
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[(name, record) for name in hook_names]):
+        for lo in range(0, n, chunk_size):
+            seen.clear()
+            try:
+                model(population[lo : lo + chunk_size])
+            except _Done:
+                pass
+    silent = [name for name in hook_names if name not in sums]
+    if silent:
+        raise ValueError(f"no activation reached {silent} in a forward pass of the population")
+    return {name: (sums[name] / n).to(dtypes[name]) for name in hook_names}
+
+
+class _Done(Exception):
+    """Raised by :func:`mean_activations`'s hook once every activation is recorded."""
 
 
 def _replacements(

@@ -14,16 +14,23 @@ from ..hooks import HookFn, HookPoint
 from ..loss import loss_positions, masked_mse
 from ..model import HookedVectorTransformer
 from ..model.validation import check_finite, check_input
-from ._ablation_common import _HEAD_HOOKS, KINDS, Population, _check_choice
+from ._ablation_common import (
+    _HEAD_HOOKS,
+    _PASS_ELEMENTS,
+    _PASS_ELEMENTS_ACCELERATOR,
+    KINDS,
+    Population,
+    _check_choice,
+    _widest,
+)
 from ._validate import check_heads, check_model
 from .ablation_hooks import _fit_replacement, _replacements
 
 __all__ = ["head_ablation_sweep"]
 
-# default sweep chunk: the widest activation of a pass holds about this many numbers. On CPU
-# larger passes fall out of cache and run slower per row; accelerators like them large.
-_SWEEP_ELEMENTS = {"cpu": 2**22}
-_SWEEP_ELEMENTS_ACCELERATOR = 2**27
+# default sweep chunk: as every batched pass (see _ablation_common)
+_SWEEP_ELEMENTS = _PASS_ELEMENTS
+_SWEEP_ELEMENTS_ACCELERATOR = _PASS_ELEMENTS_ACCELERATOR
 
 Metric = Callable[[torch.Tensor, torch.Tensor], Any]
 """``metric(output [batch, pos, d_out], targets [batch, pos, d_out]) -> scalar``."""
@@ -229,14 +236,6 @@ def _default_chunk_size(
     device: torch.device,
     n_heads: int,
 ) -> int:
-    cfg = model.cfg
-    width = max(
-        cfg.d_model,
-        model.W_U.shape[1],
-        cfg.n_heads * cfg.d_head,
-        cfg.n_heads * n_pos,  # attention scores and pattern
-        0 if cfg.attn_only or cfg.d_mlp is None else cfg.d_mlp,
-        cfg.n_heads * cfg.d_model if hook == "result" else 0,
-    )
+    width = _widest(model.cfg, model.W_U.shape[1], n_pos, hook)
     budget = _SWEEP_ELEMENTS.get(device.type, _SWEEP_ELEMENTS_ACCELERATOR)
     return max(1, min(n_heads, budget // (batch * n_pos * width)))

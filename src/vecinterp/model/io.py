@@ -57,7 +57,7 @@ from .tensor_files import read_tensors as read_tensors
 from .tensor_files import refuse_non_finite as refuse_non_finite
 from .tensor_files import tensor_checksum as tensor_checksum
 from .tensor_files import verify_checksum as verify_checksum
-from .transformer import HookedVectorTransformer
+from .transformer import HookedVectorTransformer, uninitialised_weights
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -367,7 +367,8 @@ def load(
     refuse_non_finite(tensors, f"{weights} (vecinterp.save never writes these)")
     dtypes = {t.dtype for t in tensors.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    model = HookedVectorTransformer(cfg, seed=0, dtype=dtype)
+    with uninitialised_weights():  # every tensor is loaded below (checked first)
+        model = HookedVectorTransformer(cfg, seed=0, dtype=dtype)
     check_state_dict(model, tensors, source=str(weights))
     if "config" in header and json.loads(header["config"]) != cfg.to_dict():
         raise ValueError(

@@ -24,7 +24,7 @@ from einops import einsum
 from .components import TransformerBlock
 from .config import VectorTransformerConfig
 from .io import refuse_non_finite
-from .transformer import HookedVectorTransformer
+from .transformer import HookedVectorTransformer, uninitialised_weights
 from .validation import check_bool
 
 
@@ -52,9 +52,14 @@ def _check(model: object) -> HookedVectorTransformer:
 def _copy(model: HookedVectorTransformer, cfg: VectorTransformerConfig) -> HookedVectorTransformer:
     """A fresh model with ``cfg`` holding copies of ``model``'s compatible weights."""
     ref = model.embed.W_E
-    new = HookedVectorTransformer(cfg, seed=0, dtype=ref.dtype, device=ref.device)
+    with uninitialised_weights():
+        new = HookedVectorTransformer(cfg, seed=0, dtype=ref.dtype, device=ref.device)
     new_sd = new.state_dict()
-    state = {k: v.detach().clone() for k, v in model.state_dict().items() if k in new_sd}
+    old_sd = model.state_dict()
+    if any(k not in old_sd or old_sd[k].shape != v.shape for k, v in new_sd.items()):
+        # a tensor the old model cannot fill: those start as a seed-0 model's
+        new = HookedVectorTransformer(cfg, seed=0, dtype=ref.dtype, device=ref.device)
+    state = {k: v.detach().clone() for k, v in old_sd.items() if k in new_sd}
     new.load_state_dict(state, strict=False)
     new.train(model.training)
     return new

@@ -9,7 +9,8 @@ In the model layer (see :mod:`vecinterp.model`): ``run_with_cache`` hands the ru
 cache layer above, :mod:`vecinterp.cache.recording`, imported when it is called.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +36,26 @@ if TYPE_CHECKING:
     from ..cache import ActivationCache
 
 RETURN_TYPES = ("output", "loss", "both")
+
+_skip_init = False  # True only inside uninitialised_weights()
+
+
+@contextmanager
+def uninitialised_weights() -> Iterator[None]:
+    """Inside, ``HookedVectorTransformer(...)`` leaves its weight matrices uninitialised
+    (``torch.empty``: any values, NaN included) instead of drawing them.
+
+    For internal callers that overwrite *every* tensor of the new model's state dict
+    next (``vi.load``, the weight-processing copies): drawing ~3M float64 normals per
+    model cost a second per dozen copies. A caller that cannot fill every tensor must
+    not use it.
+    """
+    global _skip_init
+    previous, _skip_init = _skip_init, True
+    try:
+        yield
+    finally:
+        _skip_init = previous
 
 
 class HookedVectorTransformer(HookedModule):
@@ -91,7 +112,8 @@ class HookedVectorTransformer(HookedModule):
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.ln_final = Norm(cfg) if cfg.normalization is not None else nn.Identity()
         self.unembed = Unembed(cfg)
-        self.init_weights(seed)
+        if not _skip_init:
+            self.init_weights(seed)
         self.to(dtype=dtype, device=device)
         self.setup_hooks()
 

@@ -17,8 +17,10 @@ from ...analysis import (
     fit_line,
     fraction_outside_embedding,
     full_ov_circuit,
+    head_ablation_sweep,
     logit_lens,
     mean_ablation_hook,
+    mean_activations,
     ov_circuit,
     ov_linearity,
     patch_qk_identity,
@@ -339,8 +341,7 @@ def _ablation(
     sizes: dict[str, int],
 ) -> None:
     name = "blocks.1.attn.hook_z"
-    _, cache = net.run_with_cache(population, names_filter=name, stop_at_layer=2)
-    mean = cache[name].mean(0)  # [pos, heads, d_head]
+    mean = mean_activations(net, population, name)[name]  # [pos, heads, d_head]
     v["population"] = population.shape[0]
 
     def mse_from_layer_1(run: _Run, heads: Sequence[int] | None, rows: slice) -> float:
@@ -353,9 +354,19 @@ def _ablation(
     rows = slice(0, sizes["sweep_batch_size"])
     sweep = runs[: sizes["sweep_batches"]]
     v["sweep_base"] = _mean([_mse(r.out[rows], _rows(r.batch, rows)) for r in sweep])
-    v["ablate_heads"] = [
-        _mean([mse_from_layer_1(r, [h], rows) for r in sweep]) for h in range(net.cfg.n_heads)
+    per_batch = [  # one batched pass per batch: its rows tiled once per head
+        head_ablation_sweep(
+            net,
+            r.batch.inputs[rows],
+            r.batch.targets[rows],
+            population={name: mean},
+            loss_mask=r.batch.loss_mask[rows],
+            heads={1: range(net.cfg.n_heads)},
+            progress=False,
+        )[1].tolist()
+        for r in sweep
     ]
+    v["ablate_heads"] = [_mean(list(col)) for col in zip(*per_batch, strict=True)]
     data["ablation"] = (v["ablate_heads"], v["sweep_base"])
 
 
