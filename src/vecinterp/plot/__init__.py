@@ -29,8 +29,8 @@ One module per family of figures, every name re-exported here: ``attention``
 :func:`plot_score_grid`, :func:`plot_eigenvalue_scores`), ``attribution`` (attributions and
 fits: :func:`plot_attribution`, :func:`plot_fit`, :func:`plot_residual_vs_target`),
 ``curves`` (:func:`plot_loss`, :func:`plot_emergence`) and ``figures`` (:func:`add_note`,
-:func:`save_figure`); ``_common`` holds the matplotlib import guard and the helpers they
-share.
+:func:`save_figure`, :func:`save_figures`); ``_common`` holds the matplotlib import guard
+and the helpers they share.
 """
 
 from typing import SupportsFloat
@@ -44,7 +44,7 @@ from .attention import plot_attention, plot_attention_grid
 from .attribution import plot_attribution, plot_fit, plot_residual_vs_target
 from .curves import LossHistory as LossHistory
 from .curves import plot_emergence, plot_loss
-from .figures import add_note, save_figure
+from .figures import add_note, save_figure, save_figures
 from .matrices import EIGENVALUE_SCALE_LABELS as _SCALE_LABELS
 from .matrices import plot_eigenvalue_scores, plot_matrix, plot_score_grid
 
@@ -61,6 +61,7 @@ __all__ = [
     "plot_residual_vs_target",
     "plot_score_grid",
     "save_figure",
+    "save_figures",
 ]
 
 EIGENVALUE_SCALE_LABELS: dict[str, dict[SupportsFloat, str]] = _SCALE_LABELS  # the same dict

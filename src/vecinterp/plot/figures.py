@@ -1,8 +1,13 @@
 """Finishing a figure: a statement written into an axes (:func:`add_note`) and writing a
-figure to a file, then closing it (:func:`save_figure`)."""
+figure to a file, then closing it (:func:`save_figure`; several at once, on several cores:
+:func:`save_figures`)."""
 
 import math
+import multiprocessing
 import os
+import sys
+import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -119,3 +124,105 @@ def save_figure(
     if close:
         plt.close(figure)
     return target
+
+
+def save_figures(
+    figures: Mapping[str, Figure | Axes],
+    directory: str | os.PathLike[str],
+    *,
+    dpi: int | float = 100,
+    suffix: str = ".png",
+    processes: int = 1,
+) -> list[Path]:
+    """Write each figure to ``directory / (name + suffix)`` and close them all.
+
+    Rendering is single-threaded Python (text layout, mostly), so on a machine with idle
+    cores ``processes > 1`` writes the figures in that many processes at once: forked
+    copies of this one (each renders its share of the figures it inherits, nothing is
+    pickled), the figures dealt out in turn. Where ``fork`` is not available (Windows,
+    or macOS's default) they are written here, one after another. The files are the same
+    either way.
+
+    Args:
+        figures: ``{name: figure or axes}``, as ``affine_claims.claim_figures`` returns.
+        directory: an existing folder.
+        dpi: dots per inch (see :func:`save_figure`).
+        suffix: the file suffix, which picks the format.
+        processes: how many processes write (a positive int; at most one per figure is
+            used).
+
+    Returns:
+        The paths written, in the order of ``figures``.
+
+    Raises:
+        TypeError: a value is neither a Figure nor an Axes.
+        ValueError: ``processes`` is not a positive int, ``suffix`` does not start with
+            ``"."``, or ``directory`` is not a folder.
+        RuntimeError: a worker process failed (its traceback is on stderr); the message
+            names the figures it was writing.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import tempfile
+        >>> from vecinterp.plot import plot_loss, save_figures
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     paths = save_figures({"a": plot_loss([0, 1], [1.0, 0.5]),
+        ...                           "b": plot_loss([0, 1], [2.0, 0.1])}, d, processes=2)
+        ...     [p.name for p in paths]
+        ['a.png', 'b.png']
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be a positive int, got {processes!r}")
+    if not isinstance(suffix, str) or not suffix.startswith("."):
+        raise ValueError(f"suffix must start with '.', e.g. '.png', got {suffix!r}")
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise ValueError(f"directory {str(folder)!r} is not an existing folder")
+    items = []
+    for name, fig in figures.items():
+        figure = fig.figure if isinstance(fig, Axes) else fig
+        if not isinstance(figure, Figure):
+            raise TypeError(
+                f"figures[{name!r}] must be a matplotlib Figure or Axes, got {type(fig).__name__}"
+            )
+        items.append((figure, folder / f"{name}{suffix}"))
+    n = min(processes, len(items))
+    if n > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        n = 1
+    shares = [items[i::n] for i in range(n)] if items else [[]]
+    workers = []
+    try:
+        if n > 1:
+            context = multiprocessing.get_context("fork")
+            for share in shares[1:]:
+                worker = context.Process(target=_write_share, args=(share, dpi), daemon=True)
+                worker.start()
+                workers.append((worker, share))
+        for figure, path in shares[0]:
+            save_figure(figure, path, dpi=dpi, close=False)
+        failed = []
+        for worker, share in workers:
+            worker.join()
+            if worker.exitcode != 0:
+                failed += [path.name for _, path in share]
+        if failed:
+            raise RuntimeError(
+                f"a process writing figures failed (traceback above); not written: {failed}"
+            )
+    finally:
+        for worker, _ in workers:  # on an error here, let them finish their files
+            worker.join()
+        for figure, _ in items:
+            plt.close(figure)
+    return [path for _, path in items]
+
+
+def _write_share(share: list[tuple[Figure, Path]], dpi: int | float) -> None:
+    """A forked worker of :func:`save_figures`: write its figures, exit 1 on any error."""
+    try:
+        for figure, path in share:
+            figure.savefig(path, dpi=dpi)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
