@@ -557,3 +557,32 @@ def test_bad_inputs_are_refused():
             acdc(model, x, corrupted, threshold=0.1)
     finally:
         handle.remove()
+
+
+# ------------------------------------------------------------------------- the drawing
+
+
+def test_plot_circuit_draws_one_arrow_per_kept_edge(planted):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from vecinterp.plot import plot_circuit
+
+    model, clean, fresh = planted
+    result = acdc(model, clean, fresh, threshold=1e-3)
+    ax = plot_circuit(result)
+    arrows = [p for p in ax.patches if p.get_label() == "edge"]
+    boxes = [p for p in ax.patches if p.get_label() == "node"]
+    assert len(arrows) == 5 and len(boxes) == 2 * 3 + 2  # every node, unused ones grey
+    colours = {tuple(round(c, 3) for c in a.get_edgecolor()[:3]) for a in arrows}
+    assert len(colours) == 4  # q, k, v and the output
+    assert sorted(t.get_text() for t in ax.texts) == ["0.0", "0.1", "0.2", "1.0", "1.1", "1.2",
+                                                      "embed", "output"]  # fmt: skip
+    plt.close(ax.figure)
+    ax = plot_circuit(result, show_unused=False, widths_by_score=False, title="planted")
+    assert len([p for p in ax.patches if p.get_label() == "node"]) == 4
+    assert {a.get_linewidth() for a in ax.patches if a.get_label() == "edge"} == {1.4}
+    assert ax.get_title() == "planted"
+    plt.close(ax.figure)
+    with pytest.raises(TypeError, match="CircuitResult"):
+        plot_circuit({"edges": []})
