@@ -28,7 +28,8 @@ One module per family of figures, every name re-exported here: ``attention``
 (:func:`plot_attention`, :func:`plot_attention_grid`), ``matrices`` (:func:`plot_matrix`,
 :func:`plot_score_grid`, :func:`plot_eigenvalue_scores`), ``attribution`` (attributions and
 fits: :func:`plot_attribution`, :func:`plot_fit`, :func:`plot_residual_vs_target`),
-``curves`` (:func:`plot_loss`, :func:`plot_emergence`) and ``figures`` (:func:`add_note`,
+``curves`` (:func:`plot_loss`, :func:`plot_emergence`), ``circuit`` (:func:`plot_circuit`,
+the graph of a discovered circuit) and ``figures`` (:func:`add_note`,
 :func:`save_figure`, :func:`save_figures`); ``_common`` holds the matplotlib import guard
 and the helpers they share.
 """
@@ -42,6 +43,7 @@ from ._common import Scalar as Scalar
 from ._common import _require_matplotlib
 from .attention import plot_attention, plot_attention_grid
 from .attribution import plot_attribution, plot_fit, plot_residual_vs_target
+from .circuit import plot_circuit
 from .curves import LossHistory as LossHistory
 from .curves import plot_emergence, plot_loss
 from .figures import add_note, save_figure, save_figures
@@ -53,6 +55,7 @@ __all__ = [
     "plot_attention",
     "plot_attention_grid",
     "plot_attribution",
+    "plot_circuit",
     "plot_eigenvalue_scores",
     "plot_emergence",
     "plot_fit",
