@@ -9,10 +9,14 @@
   ``vecinterp.load(path / "model")``).
 - :func:`default_device` — ``cuda`` if present, else ``cpu``.
 - :class:`TrainingDivergedError` — a NaN/inf loss, with the step.
+- :class:`RankFailedError` — raised on the other ranks when one rank of a data-parallel run
+  (or of an ensemble split across ranks) fails; :func:`one_process` trains on this process
+  alone even under ``torchrun``.
 """
 
 from .checkpoint import latest_checkpoint
 from .data import evaluate
+from .distributed import RankFailedError, one_process
 from .ensemble import EnsembleResult, train_ensemble
 from .loop import train
 from .result import TrainHistory, TrainingDivergedError, TrainResult
@@ -21,6 +25,7 @@ from .setup import default_device
 
 __all__ = [
     "EnsembleResult",
+    "RankFailedError",
     "TrainHistory",
     "TrainResult",
     "TrainingDivergedError",
@@ -28,6 +33,7 @@ __all__ = [
     "evaluate",
     "latest_checkpoint",
     "lr_at",
+    "one_process",
     "train",
     "train_ensemble",
 ]
