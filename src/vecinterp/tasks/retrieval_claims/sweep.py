@@ -10,6 +10,9 @@ by the same thresholds), and its *emergence order* (:func:`emergence_order`) nam
 circuit's paths by their roles (``Q->R0``, not ``L2H1 Q->R0``: which head carries a path
 differs from seed to seed) grouped, as claim 6 groups them, by the partial loss whose fall
 they accompany.
+
+One file of about 500 lines, half of them docstrings and examples: the training, the rows,
+their summary and its rendering are one feature and are read together.
 """
 
 import csv
@@ -117,6 +120,13 @@ class SweepResult:
         info: the settings in words, the seeds, and the timings (``train_ic_s``,
             ``train_non_ic_s``, ``measure_s``: wall seconds).
         tables: ``{seed: EmergenceTable}``, each IC run's emergence curves (not serialised).
+
+    Example:
+        >>> from vecinterp.tasks.retrieval_claims import SweepResult, SweepRow, summarize_sweep
+        >>> rows = [SweepRow(0, 0.01, 0.8, (0.01,), {"x_1": 90.0}, {}, (), "x_1: Q->R0",
+        ...                  ("holds",) * 6)]
+        >>> SweepResult(rows, summarize_sweep(rows), {"seeds": [0]}).summary["paper_order"]
+        {'count': 1, 'of': 1, 'fraction': 1.0}
     """
 
     rows: list[SweepRow]
@@ -279,7 +289,7 @@ def summarize_sweep(rows: Sequence[SweepRow]) -> dict[str, Any]:
     }
 
 
-def check_seeds(seeds: object) -> list[int]:
+def _check_seeds(seeds: object) -> list[int]:
     """``seeds`` as a list of distinct ints >= 0, or a clear error."""
     if isinstance(seeds, str | bytes) or not isinstance(seeds, Iterable):
         raise TypeError(f"seeds must be a sequence of ints, got {seeds!r}")
@@ -316,7 +326,7 @@ def train_sweep(
         >>> [len(h.train_loss) for h in out.histories]
         [3, 3]
     """
-    s, seeds = _check_settings(settings), check_seeds(seeds)
+    s, seeds = _check_settings(settings), _check_seeds(seeds)
     if not isinstance(ic, bool):
         raise TypeError(f"ic must be a bool, got {ic!r}")
     cfg = model_config(s, ic=ic)
@@ -373,7 +383,7 @@ def run_sweep(
         >>> [row.seed for row in result.rows], result.summary["n"]
         ([0, 1], 2)
     """
-    s, seeds = _check_settings(settings), check_seeds(seeds)
+    s, seeds = _check_settings(settings), _check_seeds(seeds)
     say = log or (lambda line: None)
     with tempfile.TemporaryDirectory() as tmp:
         ck = Path(checkpoint_dir) if checkpoint_dir is not None else Path(tmp) / "ic"
@@ -410,7 +420,19 @@ def run_sweep(
 
 
 def write_sweep_csv(rows: Sequence[SweepRow], path: str | os.PathLike[str]) -> None:
-    """Write one CSV row per seed (:meth:`SweepRow.csv_row`)."""
+    """Write one CSV row per seed (:meth:`SweepRow.csv_row`).
+
+    Example:
+        >>> import csv, os, tempfile
+        >>> from vecinterp.tasks.retrieval_claims import SweepRow, write_sweep_csv
+        >>> rows = [SweepRow(s, 0.01, 0.8, (0.01,), {"x_1": 90.0}, {}, (), "x_1: -",
+        ...                  ("holds",) * 6) for s in (3, 4)]
+        >>> path = os.path.join(tempfile.mkdtemp(), "sweep.csv")
+        >>> write_sweep_csv(rows, path)
+        >>> with open(path, newline="") as f:
+        ...     [(r["seed"], r["step_x_1"], r["claim_6"]) for r in csv.DictReader(f)]
+        [('3', '90.0', 'holds'), ('4', '90.0', 'holds')]
+    """
     cells = [r.csv_row() for r in rows]
     if not cells:
         raise ValueError("rows must not be empty")
@@ -439,6 +461,7 @@ def sweep_table(result: SweepResult | Mapping[str, Any], rows: Sequence[SweepRow
         >>> print(sweep_table(summarize_sweep(rows)).splitlines()[2])
         | IC model learns (loss <= 0.05) | 2/2 (100 %) |
     """
+    summary: Mapping[str, Any]
     if isinstance(result, SweepResult):
         summary, rows = result.summary, result.rows
     elif isinstance(result, Mapping):
