@@ -13,6 +13,12 @@ Each member's checkpoint is written, checksummed and read by
 diverged, why). ``ensemble.json`` is rewritten (atomically) only once every member has
 written a step, and old checkpoints are pruned only after that: a crash at any point
 leaves every member with the step it names, the one a resumed ensemble continues from.
+
+The layout does not depend on how many processes trained the ensemble: across ranks
+(:mod:`._ensemble_distributed`) each rank writes and prunes its own members' directories
+(:func:`write_members`, :func:`prune_members`) and rank 0 writes ``ensemble.json``
+(:func:`write_marker`) once every rank has written its members, so a checkpoint resumes
+on any number of ranks.
 """
 
 import collections
@@ -25,7 +31,14 @@ import torch
 
 from ..model.atomic import atomic_write
 from ..model.transformer import HookedVectorTransformer
-from .checkpoint import TRAINER_FILE, list_checkpoints, prune, step_dir_name, write_checkpoint
+from .checkpoint import (
+    TRAINER_FILE,
+    list_checkpoints,
+    prune,
+    remove_partial,
+    step_dir_name,
+    write_checkpoint,
+)
 from .data import MakeBatchSource, StreamSource, Tensors, fingerprint
 from .loop import _restore
 from .result import TrainHistory, TrainingDivergedError
@@ -130,9 +143,11 @@ def put_back(tensors: list[torch.Tensor], frozen: list[int], kept: list[torch.Te
             t.detach().index_copy_(0, index, saved)
 
 
-def save(
+def write_members(
     checkpoint_dir: Path,
     step: int,
+    first: int,
+    members: int,
     nets: list[HookedVectorTransformer],
     state: AdamState,
     sources: list[MakeBatchSource | StreamSource],
@@ -143,54 +158,72 @@ def save(
     diverged: list[TrainingDivergedError | None],
     device: torch.device,
     averages: list[HookedVectorTransformer] | None,
-    keep_last: int | None,
     elapsed: float,
 ) -> list[Path | None]:
-    """Write every member's checkpoint of ``step``, then ``ensemble.json``, then prune."""
+    """Write the checkpoint of ``step`` of each member in ``nets`` (members ``first``,
+    ``first + 1``, ... of an ensemble of ``members``; the lists are indexed like ``nets``)."""
     paths: list[Path | None] = []
-    for i, net in enumerate(nets):
-        fill_optimizer(state, i, rates[i])
-        rng = {"torch_cpu": torch.get_rng_state(), **sources[i].state()}
+    for j, net in enumerate(nets):
+        fill_optimizer(state, j, rates[j])
+        rng = {"torch_cpu": torch.get_rng_state(), **sources[j].state()}
         if device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(device)
-        err = diverged[i]
+        err = diverged[j]
         record = {
-            "config": configs[i],
-            "data_fingerprint": fingerprint(parts[i]),
+            "config": configs[j],
+            "data_fingerprint": fingerprint(parts[j]),
             "elapsed": elapsed,
             "device": str(device),
             "ensemble": {
-                "member": i,
-                "members": len(nets),
+                "member": first + j,
+                "members": members,
                 "diverged": None if err is None else {
                     "step": err.step, "quantity": err.quantity, "value": repr(err.value),
                     "message": str(err),
                 },
             },
         }  # fmt: skip
-        average = averages[i] if averages is not None else None
+        average = averages[j] if averages is not None else None
         paths.append(
             write_checkpoint(
-                member_dir(checkpoint_dir, i),
+                member_dir(checkpoint_dir, first + j),
                 step,
                 net,
-                state.optimizers[i],
+                state.optimizers[j],
                 rng,
-                histories[i].to_tensors(),
+                histories[j].to_tensors(),
                 record,
                 average=average,
             )  # fmt: skip
         )
-    text = json.dumps({"format": FORMAT, "members": len(nets), "step": step}, indent=2)
-    atomic_write(checkpoint_dir / MARKER, lambda tmp: tmp.write_text(text + "\n"))
-    for i in range(len(nets)):
-        prune(member_dir(checkpoint_dir, i), keep_last)
     return paths
+
+
+def write_marker(checkpoint_dir: Path, step: int, members: int) -> None:
+    """Name ``step`` in ``ensemble.json`` (atomically): every member has written it."""
+    text = json.dumps({"format": FORMAT, "members": members, "step": step}, indent=2)
+    atomic_write(checkpoint_dir / MARKER, lambda tmp: tmp.write_text(text + "\n"))
+
+
+def prune_members(checkpoint_dir: Path, members: range, keep_last: int | None) -> None:
+    """Keep the newest ``keep_last`` checkpoints of each of ``members`` (after
+    :func:`write_marker`, so that the step it names is never pruned)."""
+    for i in members:
+        prune(member_dir(checkpoint_dir, i), keep_last)
+
+
+def remove_partial_members(checkpoint_dir: Path) -> None:
+    """Delete the hidden leftovers of interrupted writes in every member's directory (only
+    for the run that owns ``checkpoint_dir``)."""
+    for directory in sorted(checkpoint_dir.glob("member_*")):
+        if directory.is_dir():
+            remove_partial(directory)
 
 
 def restore(
     checkpoint_dir: Path,
     step: int,
+    first: int,
     configs: list[dict[str, Any]],
     nets: list[HookedVectorTransformer],
     state: AdamState,
@@ -201,17 +234,18 @@ def restore(
     diverged: list[TrainingDivergedError | None],
     checkpoints: list[Path | None],
 ) -> tuple[int, float]:
-    """Load every member's checkpoint of ``step`` (with vi.train's own checks) into the
-    stacks (through the members' aliased models and optimizers), the data sources and the
-    RNGs; fill ``histories``, ``diverged`` and ``checkpoints``. Returns ``(step,
+    """Load the checkpoint of ``step`` of each member in ``nets`` (members ``first``,
+    ``first + 1``, ...; with vi.train's own checks) into the stacks (through the members'
+    aliased models and optimizers), the data sources and the RNGs; fill ``histories``,
+    ``diverged`` and ``checkpoints`` (indexed like ``nets``). Returns ``(step,
     elapsed)``."""
     elapsed = 0.0
     for i, net in enumerate(nets):
-        path = member_dir(checkpoint_dir, i) / step_dir_name(step)
+        path = member_dir(checkpoint_dir, first + i) / step_dir_name(step)
         if not (path / TRAINER_FILE).is_file():
             raise ValueError(
                 f"{checkpoint_dir / MARKER} names step {step}, which every member has written, "
-                f"but member {i}'s checkpoint {path} is missing"
+                f"but member {first + i}'s checkpoint {path} is missing"
             )
         optimizer = state.optimizers[i]
         average = averages[i] if averages is not None else None

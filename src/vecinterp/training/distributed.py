@@ -1,5 +1,6 @@
 """Data-parallel training: the ranks of a ``torchrun`` job, the split of the global batch,
-and the stop of every rank when one fails.
+and the stop of every rank when one fails. (An ensemble split across ranks uses the same
+ranks, split and stop: :mod:`._ensemble_distributed`.)
 
 :func:`vecinterp.training.train` calls :func:`join_ranks`: one process unless
 ``torch.distributed`` is initialised with more than one rank, or the torchrun variables
@@ -54,7 +55,9 @@ _RANK_STATES = ("torch_cpu", "cuda")
 
 
 class RankFailedError(RuntimeError):
-    """Raised on every other rank when one rank of a data-parallel run fails.
+    """Raised on every other rank when one rank of a data-parallel run fails (a
+    :func:`~vecinterp.training.train` under ``torchrun``, or a
+    :func:`~vecinterp.training.train_ensemble` split across ranks).
 
     Attributes:
         rank: the (lowest) rank that failed.
@@ -76,9 +79,10 @@ class RankFailedError(RuntimeError):
 
 @contextlib.contextmanager
 def one_process() -> Iterator[None]:
-    """Within this block :func:`~vecinterp.training.train` trains on this process alone,
-    even under ``torchrun`` or with an initialised process group (e.g. to train a
-    different model on each rank).
+    """Within this block :func:`~vecinterp.training.train` and
+    :func:`~vecinterp.training.train_ensemble` train on this process alone, even under
+    ``torchrun`` or with an initialised process group (e.g. to train a different model on
+    each rank).
 
     Example:
         >>> from vecinterp.training.distributed import join_ranks, one_process
@@ -154,6 +158,7 @@ class Ranks(Solo):
             )
         self.comm = device if device.type == "cuda" and "nccl" in backend else torch.device("cpu")
         self.held: BaseException | None = None
+        self.caller = "vecinterp.train"  # how the note on a failing rank's exception names it
         self.ddp: torch.nn.Module | None = None  # only this reference: close() frees it
 
     def close(self) -> None:
@@ -197,7 +202,7 @@ class Ranks(Solo):
             note = getattr(held, "add_note", None)  # Python >= 3.11
             if note is not None:
                 note(
-                    f"vecinterp.train: raised on rank {self.rank} of {self.world_size} at "
+                    f"{self.caller}: raised on rank {self.rank} of {self.world_size} at "
                     f"{where}; every rank stopped"
                 )
             raise held
@@ -219,8 +224,8 @@ class Ranks(Solo):
         ]
         if differ:
             raise ValueError(
-                "the ranks of a data-parallel run must call train with the same arguments "
-                f"(and model config), but {'; '.join(differ[:5])}"
+                f"the ranks of a data-parallel run must call {self.caller} with the same "
+                f"arguments (and model config), but {'; '.join(differ[:5])}"
             )
 
     def wrap(self, net: HookedVectorTransformer) -> None:
@@ -303,8 +308,7 @@ class Ranks(Solo):
                 f"{where}: a global batch of {rows} sequences cannot be split across "
                 f"{self.world_size} ranks; use a batch of at least {self.world_size}"
             )
-        lo = self.rank * (rows // self.world_size) + min(self.rank, rows % self.world_size)
-        hi = lo + rows // self.world_size + (self.rank < rows % self.world_size)
+        lo, hi = contiguous_share(rows, self.world_size, self.rank)
         if mask is not None and mask.dim() == 2:
             mask = mask[lo:hi]
         inputs, targets, mask = to_model((inputs[lo:hi], targets[lo:hi], mask), param.dtype,
@@ -327,6 +331,22 @@ class Ranks(Solo):
                 f"the model's outputs [batch, pos, d_out] have {expected}"
             )
         return inputs, targets, loss_positions(mask, targets.shape[:-1], targets.device)
+
+
+def contiguous_share(n: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous share ``[lo, hi)`` of ``n`` items split across
+    ``world_size`` ranks: the sizes differ by at most one, the first ``n % world_size``
+    ranks taking one more (the rows of a global batch; the members of an ensemble).
+
+    Example:
+        >>> from vecinterp.training.distributed import contiguous_share
+        >>> [contiguous_share(5, 2, r) for r in range(2)]
+        [(0, 3), (3, 5)]
+        >>> [contiguous_share(7, 3, r) for r in range(3)]
+        [(0, 3), (3, 5), (5, 7)]
+    """
+    lo = rank * (n // world_size) + min(rank, n % world_size)
+    return lo, lo + n // world_size + (rank < n % world_size)
 
 
 def rank_rng(saved: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:

@@ -1,11 +1,15 @@
 """Ensembles: K models of one config trained in one process as one batched computation
-(:func:`train_ensemble`, :class:`EnsembleResult`).
+(:func:`train_ensemble`, :class:`EnsembleResult`), or split across the ranks of a
+``torchrun`` job, each rank training its share as one batched computation.
 
 The batched arithmetic is in :mod:`vecinterp.training._stacked`; the members' checkpoints
-are :func:`vecinterp.train`'s, one directory per member (:mod:`._ensemble_checkpoint`).
+are :func:`vecinterp.train`'s, one directory per member (:mod:`._ensemble_checkpoint`); the
+split across ranks is in :mod:`._ensemble_distributed`. One file over 450 lines: the
+training loop of an ensemble, whose steps share the state set up before it.
 """
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -18,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..model.transformer import HookedVectorTransformer
 from . import _ensemble_checkpoint as ck
+from ._ensemble_distributed import Crew
 from ._ensemble_setup import check_forward, check_models, member_data, per_member
 from ._stacked import (
     adamw_step,
@@ -30,10 +35,11 @@ from ._stacked import (
 )
 from .checkpoint import own_directory, remove_partial
 from .data import non_finite_targets, to_model
+from .distributed import join_ranks
 from .loop import Data, _adamw, _update_average
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import check_schedule, lr_at
-from .setup import check_args, check_ema, make_eval, make_source, resolve_device
+from .setup import check_args, check_ema, make_eval, make_source
 
 ON_DIVERGENCE = ("freeze", "raise")
 
@@ -54,7 +60,8 @@ class EnsembleResult:
             ``on_divergence="freeze"``, the :class:`~vecinterp.TrainingDivergedError` that
             stopped it (its step, the quantity and value). Its model is its state before
             that step and its history ends there.
-        device: where the ensemble was trained.
+        device: where the ensemble was trained (across ranks: this rank's device, where
+            it holds every member's result).
 
     Example:
         >>> import torch, vecinterp as vi
@@ -146,6 +153,26 @@ def train_ensemble(
 
     On the first step the batched forward is checked against member 0's own forward.
 
+    Across ranks: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
+    initialised with N > 1 ranks), every rank runs this same call and trains a contiguous
+    share of the members, as one batched computation: rank ``r`` trains members
+    ``r * (K // N) + min(r, K % N)`` onwards, ``K // N`` of them plus one on the first
+    ``K % N`` ranks (K = 5 on 2 ranks: members 0-2 and 3-4; ``K < N`` is refused). Member
+    ``i`` is the same model whatever the number of ranks: the same initial weights, seed,
+    data and updates (the tests find it bit-identical on 1 and 2 CPU processes). Every rank
+    returns all K members (each member's final state is broadcast by the rank that trained
+    it): a script written for one process runs unchanged, e.g. a sweep of hundreds of
+    models over many GPUs with one command, and any rank can go on to analyse any member;
+    the price is every rank holding the whole ensemble at the end, as one process would.
+    Rank 0 holds the checkpoint directory's lock, shows the progress bar and calls
+    ``callback`` with all K members' metrics; each rank writes its own members'
+    checkpoints, in the layout of one process, so a run resumes on any number of ranks. An
+    error on any rank stops every rank at the end of that step, the others raising
+    :class:`~vecinterp.training.distributed.RankFailedError` naming it. Inside
+    :func:`~vecinterp.training.distributed.one_process` the ensemble trains on this process
+    alone. See :mod:`vecinterp.training._ensemble_distributed` and
+    :doc:`/howto_ensembles`.
+
     Arguments are :func:`vecinterp.train`'s, with these differences:
 
     - ``models``: K >= 1 models sharing one config and dtype (e.g.
@@ -161,7 +188,8 @@ def train_ensemble(
       batches and differ by their initial weights), or a sequence of K.
     - ``eval_data``: one evaluation set for every member.
     - ``callback(step, metrics)``: ``metrics`` is a list of K dicts, vi.train's for each
-      member (empty for a frozen member).
+      member (empty for a frozen member); across ranks, on rank 0 alone, with every
+      member's.
     - ``on_divergence``: when a member's loss or gradient norm turns NaN/inf (found before
       its update), ``"freeze"`` stops that member at its last good state (recorded in
       :attr:`EnsembleResult.diverged`; its checkpoints keep that state) and trains the
@@ -187,6 +215,7 @@ def train_ensemble(
             vi.train's errors.
         FileExistsError: checkpoints exist and ``resume=False``.
         TrainingDivergedError: see ``on_divergence``.
+        RankFailedError: across ranks, on every rank but the one that failed.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -217,33 +246,9 @@ def train_ensemble(
     check_ema(ema_decay, ema_start, steps)
     if on_divergence not in ON_DIVERGENCE:
         raise ValueError(f"on_divergence must be one of {ON_DIVERGENCE}, got {on_divergence!r}")
-    dev = resolve_device(device)
     sources = [make_source(d, s) for d, s in zip(member_data(data, k), seeds, strict=True)]
     run_eval = make_eval(eval_data)
     cfg, dtype = members[0].cfg, next(members[0].parameters()).dtype
-    stacked = stack_weights(members, dev)
-    nets = [HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev) for _ in range(k)]
-    for i, net in enumerate(nets):
-        alias(net, stacked, i)
-        net.train()
-    names = [name for name, _ in nets[0].named_parameters()]
-    leaves = [stacked[name] for name in names]
-    state = ck.AdamState(
-        [torch.zeros_like(t).detach() for t in leaves],
-        [torch.zeros_like(t).detach() for t in leaves],
-        [_adamw(net, lr=lr_i, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay)
-         for net, lr_i in zip(nets, lrs, strict=True)],
-        [0] * k,
-    )  # fmt: skip
-    averages: list[HookedVectorTransformer] | None = None
-    averaged: list[torch.Tensor] = []
-    if ema_decay is not None:
-        avg_stacked = {n: t.detach().clone() for n, t in stacked.items()}
-        averages = [HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev) for _ in nets]
-        for i, avg in enumerate(averages):
-            alias(avg, avg_stacked, i)
-            avg.eval()
-        averaged = [avg_stacked[name] for name in names]
     configs = [
         {
             "model": cfg.to_dict(), "dtype": str(dtype), "lr": lrs[i],
@@ -255,151 +260,240 @@ def train_ensemble(
         }
         for i in range(k)
     ]  # fmt: skip
-    histories = [TrainHistory() for _ in range(k)]
-    diverged: list[TrainingDivergedError | None] = [None] * k
-    checkpoints: list[Path | None] = [None] * k
-    start, elapsed = 0, 0.0
-    ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    owner = own_directory(ckdir) if ckdir is not None else None
-    try:
-        if ckdir is not None and owner is not None:
-            if owner.held:
-                remove_partial(ckdir)
-            if not resume and ck.has_checkpoints(ckdir):
-                raise FileExistsError(
-                    f"{ckdir} already holds the checkpoints of an ensemble; pass resume=True "
-                    "to continue that run, or use an empty checkpoint_dir"
-                )
-            newest = ck.newest_step(ckdir, k) if resume else None
-            if newest is not None:
-                start, elapsed = ck.restore(
-                    ckdir, newest, configs, nets, state, sources, dev, averages,
-                    histories, diverged, checkpoints,
-                )  # fmt: skip
-    except BaseException:
-        if owner is not None:
-            owner.release()
-        raise
+    # one process unless under torchrun: then each rank trains its share (_ensemble_distributed)
+    with join_ranks(device) as ranks:
+        crew = Crew(ranks, k)
+        ranks.agree(_agreed(configs, on_divergence=on_divergence, eval=run_eval is not None,
+                            eval_every=eval_every, checkpoint_every=checkpoint_every,
+                            keep_last=keep_last, resume=resume, checkpoint_dir=None
+                            if checkpoint_dir is None else os.fspath(checkpoint_dir)))  # fmt: skip
+        dev, own, first = ranks.device, crew.members, crew.first
+        n = len(own)
+        sources = [sources[i] for i in own]
+        stacked = stack_weights([members[i] for i in own], dev)
+        nets = [HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev) for _ in own]
+        for j, net in enumerate(nets):
+            alias(net, stacked, j)
+            net.train()
+        names = [name for name, _ in nets[0].named_parameters()]
+        leaves = [stacked[name] for name in names]
 
-    def active() -> list[int]:
-        return [i for i in range(k) if diverged[i] is None]
+        def make_optimizer(net: HookedVectorTransformer, rate: float) -> torch.optim.Optimizer:
+            return _adamw(net, lr=rate, betas=(betas[0], betas[1]), eps=eps,
+                          weight_decay=weight_decay)  # fmt: skip
 
-    def fail(i: int, err: TrainingDivergedError) -> TrainingDivergedError:
-        err.args = (f"ensemble member {i}: {err.args[0]}",)
-        return err
+        state = ck.AdamState(
+            [torch.zeros_like(t).detach() for t in leaves],
+            [torch.zeros_like(t).detach() for t in leaves],
+            [make_optimizer(net, lrs[i]) for net, i in zip(nets, own, strict=True)],
+            [0] * n,
+        )
+        averages: list[HookedVectorTransformer] | None = None
+        averaged: list[torch.Tensor] = []
+        if ema_decay is not None:
+            avg_stacked = {name: t.detach().clone() for name, t in stacked.items()}
+            averages = [HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev) for _ in own]
+            for j, avg in enumerate(averages):
+                alias(avg, avg_stacked, j)
+                avg.eval()
+            averaged = [avg_stacked[name] for name in names]
+        # from here on, lists of n are this rank's members: member first + j at index j
+        histories = [TrainHistory() for _ in own]
+        diverged: list[TrainingDivergedError | None] = [None] * n
+        checkpoints: list[Path | None] = [None] * n
+        start, elapsed = 0, 0.0
+        ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        owner = None  # rank 0 holds the directory's lock from start to end
+        try:
+            if ckdir is not None:
+                newest = None
+                with ranks.hold():  # an error here stops every rank at the sync below
+                    if ranks.is_main:
+                        owner = own_directory(ckdir)
+                        if owner.held:  # hidden leftovers of killed runs: no live run owns them
+                            remove_partial(ckdir)
+                            ck.remove_partial_members(ckdir)
+                        if not resume and ck.has_checkpoints(ckdir):
+                            raise FileExistsError(
+                                f"{ckdir} already holds the checkpoints of an ensemble; pass "
+                                "resume=True to continue that run, or use an empty "
+                                "checkpoint_dir"
+                            )
+                        newest = ck.newest_step(ckdir, k) if resume else None
+                ranks.sync("start")
+                newest = ranks.share(newest)  # every rank resumes from the step rank 0 read
+                if newest is not None:
+                    with ranks.hold():
+                        start, elapsed = ck.restore(
+                            ckdir, newest, first, [configs[i] for i in own], nets, state,
+                            sources, dev, averages, histories, diverged, checkpoints,
+                        )  # fmt: skip
+                    ranks.sync(f"the resume from step {newest}")
+        except BaseException:
+            if owner is not None:
+                owner.release()
+            raise
 
-    def evaluate_at(done: int, metrics: list[dict[str, float]]) -> None:
-        assert run_eval is not None
-        for i in active():
-            value = run_eval(nets[i] if averages is None else averages[i])
-            if not math.isfinite(value):
-                raise fail(i, TrainingDivergedError(done, "eval loss", value, checkpoints[i]))
-            histories[i].eval_steps.append(done)
-            histories[i].eval_loss.append(value)
-            metrics[i]["eval_loss"] = value
+        def active() -> list[int]:
+            return [j for j in range(n) if diverged[j] is None]
 
-    held = leaves + state.exp_avgs + state.exp_avg_sqs + averaged  # what a frozen member keeps
-    bar = tqdm(total=steps, initial=start, disable=not progress, desc=f"train x{k}", unit="step")
-    t0 = time.perf_counter() - elapsed
-    try:
-        if start == 0 and run_eval is not None:
-            evaluate_at(0, [{} for _ in range(k)])
-        for step in range(start, steps):
-            parts = [s.next(step) for s in sources]
-            where = [s.where(step) for s in sources]
-            batches = [to_model(p, dtype, dev) for p in parts]
-            inputs, targets, mask = stack_batches(cfg, batches, where)
-            rates = [lr_at(step, lr=lr_i, steps=steps, warmup_steps=warmup_steps,
-                           schedule=schedule, min_lr=min_lr) for lr_i in lrs]  # fmt: skip
-            out = forward(cfg, stacked, inputs)
-            if step == start and active():
-                check_forward(nets[active()[0]], inputs, out, active()[0])
-            losses = masked_losses(out, targets, mask)
-            grads = list(torch.autograd.grad(losses.sum(), leaves))
-            norms = clip_per_member(grads, grad_clip)
-            loss_values, norm_values, counts = torch.stack(
-                [losses.detach(), norms.to(losses.dtype), mask.sum((1, 2)).to(losses.dtype)]
-            ).tolist()
-            for i in active():
-                if counts[i] == 0:
-                    raise ValueError(f"member {i}: {where[i]}: loss_mask selects no position")
-                err = None
-                if not math.isfinite(loss_values[i]):
-                    cause = non_finite_targets(batches[i], where[i])
-                    err = TrainingDivergedError(
-                        step, "loss", loss_values[i], checkpoints[i], cause=cause
+        def fail(i: int, err: TrainingDivergedError) -> TrainingDivergedError:
+            err.args = (f"ensemble member {i}: {err.args[0]}",)
+            return err
+
+        def evaluate_at(done: int, metrics: list[dict[str, float]]) -> None:
+            assert run_eval is not None
+            for j in active():
+                value = run_eval(nets[j] if averages is None else averages[j])
+                if not math.isfinite(value):
+                    raise fail(
+                        first + j, TrainingDivergedError(done, "eval loss", value, checkpoints[j])
                     )
-                    if cause is not None:
-                        raise fail(i, err)
-                elif not math.isfinite(norm_values[i]):
-                    err = TrainingDivergedError(
-                        step, "gradient norm", norm_values[i], checkpoints[i]
-                    )
-                if err is not None:
-                    if on_divergence == "raise":
-                        raise fail(i, err)
-                    diverged[i] = fail(i, err)
-            if not active():
-                raise _all_diverged(diverged)
-            frozen = [i for i in range(k) if diverged[i] is not None]
-            kept = ck.hold(held, frozen)
-            done = step + 1
-            adamw_step(leaves, grads, state.exp_avgs, state.exp_avg_sqs, step=done,
-                       lrs=rates, weight_decay=weight_decay,
-                       betas=(betas[0], betas[1]), eps=eps)  # fmt: skip
-            if ema_decay is not None:
-                _update_average(averaged, leaves, ema_decay, done > ema_start)
-            ck.put_back(held, frozen, kept)
-            wall = time.perf_counter() - t0
-            metrics: list[dict[str, float]] = [{} for _ in range(k)]
-            for i in active():
-                state.updates[i] = done
-                h = histories[i]
-                h.steps.append(step)
-                h.train_loss.append(loss_values[i])
-                h.lr.append(rates[i])
-                h.grad_norm.append(norm_values[i])
-                h.wall_time.append(wall)
-                metrics[i].update(loss=loss_values[i], lr=rates[i], grad_norm=norm_values[i])
-            if run_eval is not None and (done == steps or (eval_every and done % eval_every == 0)):
-                evaluate_at(done, metrics)
-            if ckdir is not None and (
-                done == steps or (checkpoint_every and done % checkpoint_every == 0)
-            ):
-                checkpoints = ck.save(
-                    ckdir, done, nets, state, sources, parts, rates, histories, configs,
-                    diverged, dev, averages, keep_last, wall,
-                )  # fmt: skip
-            bar.update(1)
-            if done % log_every == 0 or done == steps:
-                bar.set_postfix(_postfix(histories, active(), log_every, k), refresh=False)
-            if callback is not None:
-                callback(step, metrics)
-    finally:
-        bar.close()
-        if owner is not None:
-            owner.release()
-    rates = [lr_at(steps - 1, lr=lr_i, steps=steps, warmup_steps=warmup_steps,
-                   schedule=schedule, min_lr=min_lr) for lr_i in lrs]  # fmt: skip
-    results = []
-    for i, net in enumerate(nets):
-        ck.fill_optimizer(state, i, rates[i])
-        ck.detach(net, state.optimizers[i])
-        if averages is not None:
-            ck.detach(averages[i], None)
-            averages[i].train()
-        model = net if averages is None else averages[i]
-        results.append(TrainResult(model, histories[i], state.optimizers[i], dev,
-                                   checkpoints[i], raw_model=net))  # fmt: skip
-    return EnsembleResult(results, diverged, dev)
+                histories[j].eval_steps.append(done)
+                histories[j].eval_loss.append(value)
+                metrics[j]["eval_loss"] = value
+
+        held = leaves + state.exp_avgs + state.exp_avg_sqs + averaged  # what a frozen one keeps
+        bar = tqdm(total=steps, initial=start, disable=not progress or not ranks.is_main,
+                   desc=f"train x{k}", unit="step")  # fmt: skip
+        t0 = time.perf_counter() - elapsed
+        try:
+            if start == 0 and run_eval is not None:
+                with ranks.hold():
+                    evaluate_at(0, [{} for _ in own])
+                ranks.sync("the evaluation before training")
+            for step in range(start, steps):
+                done = step + 1
+                metrics: list[dict[str, float]] = [{} for _ in own]
+                windows: list[float | None] = [None] * n  # running mean losses, live members
+                with ranks.hold():  # an error stops every rank at the check below
+                    parts = [s.next(step) for s in sources]
+                    where = [s.where(step) for s in sources]
+                    batches = [to_model(p, dtype, dev) for p in parts]
+                    with crew.renumbered():
+                        inputs, targets, mask = stack_batches(cfg, batches, where)
+                    rates = [lr_at(step, lr=lrs[i], steps=steps, warmup_steps=warmup_steps,
+                                   schedule=schedule, min_lr=min_lr) for i in own]  # fmt: skip
+                    out = forward(cfg, stacked, inputs)
+                    if step == start and active():
+                        with crew.renumbered():
+                            check_forward(nets[active()[0]], inputs, out, active()[0])
+                    losses = masked_losses(out, targets, mask)
+                    grads = list(torch.autograd.grad(losses.sum(), leaves))
+                    norms = clip_per_member(grads, grad_clip)
+                    loss_values, norm_values, counts = torch.stack(
+                        [losses.detach(), norms.to(losses.dtype), mask.sum((1, 2)).to(losses.dtype)]
+                    ).tolist()
+                    for j in active():
+                        i = first + j
+                        if counts[j] == 0:
+                            raise ValueError(
+                                f"member {i}: {where[j]}: loss_mask selects no position"
+                            )
+                        err = None
+                        if not math.isfinite(loss_values[j]):
+                            cause = non_finite_targets(batches[j], where[j])
+                            err = TrainingDivergedError(
+                                step, "loss", loss_values[j], checkpoints[j], cause=cause
+                            )
+                            if cause is not None:
+                                raise fail(i, err)
+                        elif not math.isfinite(norm_values[j]):
+                            err = TrainingDivergedError(
+                                step, "gradient norm", norm_values[j], checkpoints[j]
+                            )
+                        if err is not None:
+                            if on_divergence == "raise":
+                                raise fail(i, err)
+                            diverged[j] = fail(i, err)
+                    if active():  # else the check below stops the ensemble if no member is left
+                        frozen = [j for j in range(n) if diverged[j] is not None]
+                        kept = ck.hold(held, frozen)
+                        adamw_step(leaves, grads, state.exp_avgs, state.exp_avg_sqs, step=done,
+                                   lrs=rates, weight_decay=weight_decay,
+                                   betas=(betas[0], betas[1]), eps=eps)  # fmt: skip
+                        if ema_decay is not None:
+                            _update_average(averaged, leaves, ema_decay, done > ema_start)
+                        ck.put_back(held, frozen, kept)
+                    wall = time.perf_counter() - t0
+                    for j in active():
+                        state.updates[j] = done
+                        h = histories[j]
+                        h.steps.append(step)
+                        h.train_loss.append(loss_values[j])
+                        h.lr.append(rates[j])
+                        h.grad_norm.append(norm_values[j])
+                        h.wall_time.append(wall)
+                        metrics[j].update(
+                            loss=loss_values[j], lr=rates[j], grad_norm=norm_values[j]
+                        )
+                    if run_eval is not None and (
+                        done == steps or (eval_every and done % eval_every == 0)
+                    ):
+                        evaluate_at(done, metrics)
+                    refresh = done % log_every == 0 or done == steps
+                    for j in active():
+                        window = histories[j].train_loss[-log_every:]
+                        windows[j] = sum(window) / len(window) if refresh else 0.0
+                every, means = crew.check(step, metrics, windows)  # every member's, every rank
+                if not means:  # every member of the ensemble has diverged
+                    raise _all_diverged(crew.every_divergence(diverged))
+                if ckdir is not None and (
+                    done == steps or (checkpoint_every and done % checkpoint_every == 0)
+                ):
+                    write = functools.partial(
+                        ck.write_members, ckdir, done, first, k, nets, state, sources, parts,
+                        rates, histories, [configs[i] for i in own], diverged, dev, averages,
+                        wall,
+                    )  # fmt: skip
+                    checkpoints = crew.save(ckdir, done, write, keep_last)
+                with ranks.hold():  # rank 0's errors here stop every rank at the next check
+                    bar.update(1)
+                    if refresh:
+                        bar.set_postfix(_postfix(means, k), refresh=False)
+                    if callback is not None and ranks.is_main:
+                        callback(step, every)
+            ranks.sync("the end")
+        finally:
+            bar.close()
+            if owner is not None:
+                owner.release()
+        rates = [lr_at(steps - 1, lr=lrs[i], steps=steps, warmup_steps=warmup_steps,
+                       schedule=schedule, min_lr=min_lr) for i in own]  # fmt: skip
+        results = []
+        for j, net in enumerate(nets):
+            ck.fill_optimizer(state, j, rates[j])
+            ck.detach(net, state.optimizers[j])
+            if averages is not None:
+                ck.detach(averages[j], None)
+                averages[j].train()
+            model = net if averages is None else averages[j]
+            results.append(TrainResult(model, histories[j], state.optimizers[j], dev,
+                                       checkpoints[j], raw_model=net))  # fmt: skip
+        every_diverged = crew.every_divergence(diverged)
+        results = crew.gather(
+            results,
+            lambda: HookedVectorTransformer(cfg, seed=0, dtype=dtype, device=dev),
+            lambda net: make_optimizer(net, lrs[0]),  # its state (and lr) are then loaded
+        )
+    return EnsembleResult(results, every_diverged, dev)
 
 
-def _postfix(histories: list[TrainHistory], live: list[int], window: int, k: int) -> dict:
-    means = [sum(histories[i].train_loss[-window:]) / len(histories[i].train_loss[-window:])
-             for i in live]  # fmt: skip
+def _agreed(configs: list[dict[str, Any]], **others: Any) -> dict[str, Any]:
+    """What every rank must have been given alike: the members' configs (one value where
+    all members share it, else the list of K) and ``others``."""
+    out: dict[str, Any] = {"members": len(configs)}
+    for key in configs[0]:
+        values = [c[key] for c in configs]
+        out[key] = values[0] if all(v == values[0] for v in values) else values
+    return {**out, **others}
+
+
+def _postfix(means: list[float], k: int) -> dict:
+    """The bar's postfix: the live members' mean running loss, how many diverged."""
     out = {"loss": f"{sum(means) / len(means):.3e}"}
-    if len(live) < k:
-        out["diverged"] = str(k - len(live))
+    if len(means) < k:
+        out["diverged"] = str(k - len(means))
     return out
 
 
