@@ -33,9 +33,11 @@ def _example():
 
 
 def _run(argv):
+    # --threads 1: the default takes the cores the load average leaves idle, and torch's
+    # thread count is global (the rest of the suite runs on one thread; conftest.py)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        results = _example().main(argv)
+        results = _example().main([*argv, "--threads", "1"])
     return results, out.getvalue()
 
 
@@ -126,7 +128,9 @@ def test_several_checkpoints_give_one_column_each(tmp_path):
 def test_missing_checkpoint_says_how_to_get_one(tmp_path):
     missing = tmp_path / "no_such_checkpoint"
     with pytest.raises(SystemExit) as info:
-        _example().main(["--checkpoint", str(missing), "--out", str(tmp_path / "out")])
+        _example().main(
+            ["--checkpoint", str(missing), "--out", str(tmp_path / "out"), "--threads", "1"]
+        )
     message = str(info.value.code)
     assert str(missing) in message
     assert "examples/train_affine.py" in message
