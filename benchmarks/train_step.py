@@ -9,7 +9,8 @@ task's random lengths 3-14), no evaluation, no checkpoint, no progress bar. Each
 the wall time of a whole ``vi.train`` call of ``--steps`` steps (its set-up included, on a
 GPU up to a ``torch.cuda.synchronize()`` after it) divided by the steps; the variants
 alternate in ``--rounds`` rounds after one untimed warm-up call each, and the table gives
-the median and the best round.
+the median and the best round. ``--cpu-time`` times with the process's CPU clock instead
+(on a CPU shared with other work, with ``--threads 1``).
 
 On a CPU, reading a loss on the host costs nothing but the read: the step has finished
 when the next line of Python runs. On a GPU every read waits for every kernel queued so
@@ -18,7 +19,7 @@ what ``sync_every`` removes (the model's input check and the batch's copy to the
 no longer wait either).
 
 Run: python benchmarks/train_step.py [--device cpu|cuda] [--threads 2] [--steps 30]
-     [--rounds 5] [--sync-every 1 default] [--json out.json]
+     [--rounds 5] [--sync-every 1 default] [--cpu-time] [--json out.json]
 """
 
 import argparse
@@ -43,7 +44,8 @@ def one_run(args: argparse.Namespace, sync_every: str, steps: int, seed: int) ->
     recipe = ar.PAPER_RECIPE
     if args.device == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    start = clock()
     vi.train(
         model,
         lambda s, g: ar.generate(recipe["batch_size"], length=length, generator=g),
@@ -57,7 +59,7 @@ def one_run(args: argparse.Namespace, sync_every: str, steps: int, seed: int) ->
     )
     if args.device == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
 def main() -> None:
@@ -69,8 +71,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--length", type=int, default=14)
     parser.add_argument("--sync-every", nargs="+", default=["1", "default"])
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with the process's CPU clock (on a shared CPU machine)",
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
+    if args.cpu_time and args.device == "cuda":
+        raise SystemExit("--cpu-time measures CPU work, not a GPU's: use wall time on cuda")
     torch.set_num_threads(args.threads)
     if "sync_every" not in inspect.signature(vi.train).parameters and args.sync_every != [
         "default"
@@ -83,7 +92,9 @@ def main() -> None:
         for variant in args.sync_every:
             times[variant].append(one_run(args, variant, args.steps, seed=r + 1))
         print(f"round {r}: " + ", ".join(f"{v}: {t[-1] * 1e3:.2f} ms" for v, t in times.items()))
-    print(f"\n{args.device}, {torch.get_num_threads()} threads, batch 16, length {args.length}")
+    clock = "process CPU time" if args.cpu_time else "wall time"
+    print(f"\n{args.device}, {torch.get_num_threads()} threads, batch 16, length {args.length}, "
+          f"{clock}")  # fmt: skip
     print("| sync_every | ms/step (median) | ms/step (best) |\n|---|---|---|")
     for variant, values in times.items():
         print(f"| {variant} | {statistics.median(values) * 1e3:.2f} | {min(values) * 1e3:.2f} |")
@@ -95,6 +106,7 @@ def main() -> None:
             if args.device == "cpu"
             else torch.cuda.get_device_name(),  # fmt: skip
             "threads": torch.get_num_threads(),
+            "clock": "process" if args.cpu_time else "wall",
             "torch": torch.__version__,
             "steps": args.steps,
             "length": args.length,

@@ -67,8 +67,10 @@ def to_model(parts: Tensors, dtype: torch.dtype, device: torch.device) -> Tensor
 
 def _move(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if device.type == "cuda" and t.device.type == "cpu":
-        # pinned, the copy runs asynchronously and its buffer is not reused before it has run
-        return t.to(dtype=dtype).pin_memory().to(device=device, non_blocking=True)
+        # pinned (and dense: torch would first copy a strided tensor to pageable memory),
+        # the copy runs asynchronously and its buffer is not reused before it has run
+        pinned = t.to(dtype=dtype).contiguous().pin_memory()
+        return pinned.to(device=device, non_blocking=True)
     return t.to(device=device, dtype=dtype)
 
 
