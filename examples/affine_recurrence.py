@@ -114,10 +114,10 @@ def train_model(args: argparse.Namespace) -> tuple[vi.HookedVectorTransformer, d
 
 
 def idle_cores() -> int:
-    """The cores the last minute's load average left idle, at least 1: on a busy machine
-    extra torch threads spin-wait (measured on 2 cores: 106 s with 2 threads, 16 s with 1;
-    idle, 14 s with 2)."""
-    return max(1, (os.cpu_count() or 1) - round(os.getloadavg()[0]))
+    """Cores the last minute's load left idle (>= 1; 1 without a load average): on a busy
+    2-core machine 2 torch threads spin-wait (106 s vs 16 s with 1; idle, 14 s with 2)."""
+    cores = os.cpu_count() or 1
+    return max(1, cores - round(os.getloadavg()[0] if hasattr(os, "getloadavg") else cores))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
