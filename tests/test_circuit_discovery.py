@@ -177,8 +177,11 @@ def mse_to(reference):
     return lambda y: (y - reference).pow(2).mean()
 
 
-def slow_acdc(model, clean, corr: dict, metric, tau: float):
-    """ACDC as the docstring states it, one run of the hooked model per trial."""
+def slow_acdc(model, clean, corr: dict, metric, tau: float, prune: bool = True):
+    """ACDC as the docstring states it, one run of the hooked model per trial; then (with
+    ``prune``, for a corrupted input) the edges out of nodes with no incoming edge left
+    dropped, in forward order. Returns the kept edges, the scores, and the kept edges
+    before that pruning."""
     cfg = model.cfg
     removed: set = set()
     scores: dict = {}
@@ -201,7 +204,12 @@ def slow_acdc(model, clean, corr: dict, metric, tau: float):
                 removed.add((s, r))
                 current = value
     every = [(s, r) for r in receivers(cfg) for s in senders_before(cfg, r)]
-    return [e for e in every if e not in removed], scores
+    unpruned = [e for e in every if e not in removed]
+    for node in senders(cfg)[1:] if prune else []:
+        own = [r for r in receivers(cfg) if r == node or (len(r) == 3 and r[:2] == node)]
+        if not any((s, r) not in removed for r in own for s in senders_before(cfg, r)):
+            removed |= {(s, r) for s, r in every if s == node}
+    return [e for e in every if e not in removed], scores, unpruned
 
 
 # ------------------------------------------------- (a) nothing removed is the model itself
@@ -295,20 +303,23 @@ def plain_search(name: str):
     metric = mse_to(reference)
     assert float(metric(slow_output(model, x, corr, set()))) < 1e-24  # the hooks change nothing
     tau = 0.02 * float(metric(y_corrupted))  # removes some, keeps some
-    kept, scores = slow_acdc(model, x, corr, metric, tau)
+    kept, scores, unpruned = slow_acdc(model, x, corr, metric, tau)
     assert all(abs(v - tau) > 1e-9 * tau for v in scores.values())  # no decision on a knife edge
     every = {(s, r) for r in receivers(model.cfg) for s in senders_before(model.cfg, r)}
     circuit = float(metric(slow_output(model, x, corr, every - set(kept))))
-    return model, x, corrupted, tau, kept, scores, circuit
+    # pruning drops edges that carry nothing: the same circuit, to rounding
+    before = float(metric(slow_output(model, x, corr, every - set(unpruned))))
+    assert circuit == pytest.approx(before, rel=1e-9)
+    return model, x, corrupted, tau, kept, scores, circuit, len(unpruned) - len(kept)
 
 
 @pytest.mark.parametrize("name", ["LN+MLP", "no norm attn-only", "RMS rotary gelu"])
 @pytest.mark.parametrize("chunk_size", [1, 3, None])
 def test_the_search_equals_the_plain_acdc_loop(name, chunk_size):
-    model, x, corrupted, tau, kept, scores, circuit = plain_search(name)
+    model, x, corrupted, tau, kept, scores, circuit, n_pruned = plain_search(name)
     result = acdc(model, x, corrupted, threshold=tau, chunk_size=chunk_size)
     assert 0 < result.n_kept < result.n_edges
-    assert result.edges == kept
+    assert result.edges == kept and result.n_pruned == n_pruned
     assert result.scores.keys() == scores.keys()
     for edge, value in scores.items():
         assert result.scores[edge] == pytest.approx(value, rel=1e-9, abs=1e-15), edge
@@ -323,9 +334,9 @@ def test_mean_ablation_search_equals_the_plain_loop():
     metric = mse_to(reference)
     full_removed = {(s, r) for r in receivers(model.cfg) for s in senders_before(model.cfg, r)}
     tau = 0.02 * float(metric(slow_output(model, x, corr, full_removed)))
-    kept, scores = slow_acdc(model, x, corr, metric, tau)
+    kept, scores, _ = slow_acdc(model, x, corr, metric, tau, prune=False)
     result = acdc(model, x, None, population=population, threshold=tau)
-    assert result.ablation == "mean" and result.edges == kept
+    assert result.ablation == "mean" and result.edges == kept and result.n_pruned == 0
     for edge, value in scores.items():
         assert result.scores[edge] == pytest.approx(value, rel=1e-9, abs=1e-15), edge
 
@@ -475,6 +486,19 @@ def test_tau_zero_keeps_the_model_exactly():
     result = acdc(model, x, corrupted, threshold=0.0)
     assert result.metric <= 1e-24
     assert all(v <= 0 for e, v in result.scores.items() if e not in result.edges)
+
+
+def test_with_a_corrupted_input_every_kept_edge_is_on_a_path_from_the_embedding():
+    model, x, corrupted = setup("3 layers")
+    with torch.no_grad():
+        tau = 0.02 * float((model(corrupted) - model(x)).pow(2).mean())
+    result = acdc(model, x, corrupted, threshold=tau)
+    assert result.n_pruned > 0  # this case strands some nodes
+    fed = {"embed"} | {r[:2] if len(r) == 3 else r for _, r in result.edges}
+    assert all(s in fed for s, _ in result.edges)
+    # mean ablation keeps such edges: a node fed mean inputs is not its mean output
+    mean = acdc(model, x, None, threshold=tau)
+    assert mean.n_pruned == 0
 
 
 def test_chunk_size_does_not_change_the_result():

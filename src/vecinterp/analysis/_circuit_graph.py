@@ -87,6 +87,12 @@ class EdgeGraph:
             self.valid[r, :n] = True
         self.sender_index = {node: i for i, node in enumerate(self.senders)}
         self.receiver_index = {node: i for i, node in enumerate(self.receivers)}
+        # each sender's own inputs: a head's q, k, v receivers, an MLP's one; none for embed
+        self.inputs_of: list[list[int]] = [[] for _ in self.senders]
+        for r, node in enumerate(self.receivers):
+            s = self.sender_of(node)
+            if s is not None:
+                self.inputs_of[s].append(r)
 
     @property
     def n_edges(self) -> int:
@@ -160,23 +166,38 @@ def forward(
     resid = resid.expand(n_trials, batch, n_pos, d_model)
     n_prefix = prefix.shape[0]
     d_prefix = None if corr is None else (prefix - corr[:n_prefix]).reshape(n_prefix, -1)
+    # A sender with no edge kept (in any trial) reaches nothing: every reader gets its
+    # corrupted output. It is not computed; its corrupted output stands in the residual
+    # stream, so its removed edges subtract nothing (the same sum, without the term that
+    # would cancel).
+    alive = None if removed is None else (graph.valid & ~removed).any(dim=1).any(dim=0)
     new: list[torch.Tensor] = []  # senders computed in this pass, [trials, batch, pos, d_model]
     out = resid
     for group in graph.groups[start:]:
         if record is not None:
             record[0].append(resid)
-        inputs = _inputs(resid, group, removed, d_prefix, new, corr, n_prefix)
+        first = group.n_senders  # this group's first sender (a head or the MLP)
         if group.kind == "attn":
-            results, attn_out = _attention(model, group.layer, inputs, n_trials)
+            heads = [h for h in range(graph.n_heads) if alive is None or bool(alive[first + h])]
+            rows = [c * graph.n_heads + h for c in range(len(QKV)) for h in heads]
+            inputs = _inputs(resid, group, rows, removed, d_prefix, new, corr, alive, n_prefix)
+            dead = None if corr is None else corr[first : first + graph.n_heads]
+            results, attn_out = _attention(model, group.layer, inputs, n_trials, heads, dead)
             new += list(results)
             resid = resid + attn_out
         elif group.kind == "mlp":
-            block = cast(TransformerBlock, model.blocks[group.layer])
-            flat = inputs[:, 0].reshape(n_trials * batch, n_pos, d_model)
-            mlp_out = block.mlp(block.ln2(flat)).view(n_trials, batch, n_pos, d_model)
+            if alive is not None and not bool(alive[first]):
+                assert corr is not None
+                mlp_out = corr[first].expand(n_trials, batch, n_pos, d_model)
+            else:
+                block = cast(TransformerBlock, model.blocks[group.layer])
+                inputs = _inputs(resid, group, [0], removed, d_prefix, new, corr, alive, n_prefix)
+                flat = inputs[:, 0].reshape(n_trials * batch, n_pos, d_model)
+                mlp_out = block.mlp(block.ln2(flat)).view(n_trials, batch, n_pos, d_model)
             new.append(mlp_out)
             resid = resid + mlp_out
         else:
+            inputs = _inputs(resid, group, [0], removed, d_prefix, new, corr, alive, n_prefix)
             flat = inputs[:, 0].reshape(n_trials * batch, n_pos, d_model)
             out = model.unembed(model.ln_final(flat)).view(n_trials, batch, n_pos, -1)
     if record is not None:
@@ -187,56 +208,93 @@ def forward(
 def _inputs(
     resid: torch.Tensor,
     group: Group,
+    rows: list[int],
     removed: torch.Tensor | None,
     d_prefix: torch.Tensor | None,
     new: list[torch.Tensor],
     corr: torch.Tensor | None,
+    alive: torch.Tensor | None,
     n_prefix: int,
 ) -> torch.Tensor:
-    """Each receiver's input ``[trials, rows, batch, pos, d_model]`` (rows 1, broadcast, when
-    nothing is removed): ``resid`` minus the removed senders' ``out - corr``."""
+    """The input of the group's receivers ``rows`` (indices within the group),
+    ``[trials, len(rows), batch, pos, d_model]``, or ``[trials, 1, ...]`` (broadcast) when
+    nothing is removed: ``resid`` minus the removed senders' ``out - corr``."""
     shape = resid.shape
     if removed is None:
         return resid[:, None]
-    rem = removed[:, group.rows, : group.n_senders]
+    rem = removed[:, group.rows, : group.n_senders][:, rows]
     if not bool(rem.any()):
         return resid[:, None]
-    assert corr is not None and d_prefix is not None
+    assert corr is not None and d_prefix is not None and alive is not None
     n_trials, n_rows = rem.shape[:2]
     weights = rem.to(resid.dtype)
     patch = torch.zeros(n_trials, n_rows, d_prefix.shape[1], dtype=resid.dtype, device=resid.device)
     if bool(rem[..., :n_prefix].any()):
         patch += weights[..., :n_prefix] @ d_prefix
-    later = rem[..., n_prefix:]
-    if bool(later.any()):
-        diffs = torch.stack([s - corr[n_prefix + i] for i, s in enumerate(new)], dim=1)
-        patch += torch.bmm(weights[..., n_prefix:], diffs.reshape(n_trials, len(new), -1))
+    # the senders computed in this pass; the dead ones hold their corrupted output already
+    live = [i for i in range(len(new)) if bool(alive[n_prefix + i])]
+    if live and bool(rem[..., [n_prefix + i for i in live]].any()):
+        diffs = torch.stack([new[i] - corr[n_prefix + i] for i in live], dim=1)
+        columns = weights[..., [n_prefix + i for i in live]]
+        patch += torch.bmm(columns, diffs.reshape(n_trials, len(live), -1))
     return resid[:, None] - patch.view(n_trials, n_rows, *shape[1:])
 
 
 def _attention(
-    model: HookedVectorTransformer, layer: int, inputs: torch.Tensor, n_trials: int
+    model: HookedVectorTransformer,
+    layer: int,
+    inputs: torch.Tensor,
+    n_trials: int,
+    heads: list[int],
+    dead: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's heads, each q/k/v from its own input; the model's attention arithmetic
     (``components/attention.py``) with the batch axis ``trials * batch``.
 
-    Returns every head's result ``[n_heads, trials, batch, pos, d_model]`` and the layer's
-    output ``sum_h result_h + b_O`` ``[trials, batch, pos, d_model]``."""
+    Only ``heads`` are computed (``inputs`` holds their rows, channel-major, or one row for
+    all); every other head's result is its corrupted output from ``dead`` ``[n_heads,
+    batch, pos, d_model]``. Returns every head's result ``[n_heads, trials, batch, pos,
+    d_model]`` and the layer's output ``sum_h result_h + b_O`` ``[trials, batch, pos,
+    d_model]``."""
     block = cast(TransformerBlock, model.blocks[layer])
     attn = block.attn
-    h = attn.n_heads
+    _, n_in, batch, n_pos, d_model = inputs.shape
+    rows = n_trials * batch * n_pos
+    h = len(heads)
+    if h == attn.n_heads:
+        result = _heads(block, inputs, n_trials, slice(None))
+    else:
+        assert dead is not None
+        result = dead[:, None].expand(-1, n_trials, -1, -1, -1).reshape(attn.n_heads, rows, -1)
+        if h:
+            result = result.clone()
+            result[heads] = _heads(block, inputs, n_trials, heads)
+    attn_out = (result.sum(dim=0) + attn.b_O).view(n_trials, batch, n_pos, d_model)
+    return result.view(attn.n_heads, n_trials, batch, n_pos, d_model), attn_out
+
+
+def _heads(
+    block: TransformerBlock, inputs: torch.Tensor, n_trials: int, heads: slice | list[int]
+) -> torch.Tensor:
+    """The results ``[len(heads), trials * batch * pos, d_model]`` of ``heads``, from their
+    inputs (``[trials, 3 * len(heads) or 1, batch, pos, d_model]``)."""
+    attn = block.attn
     _, n_in, batch, n_pos, d_model = inputs.shape
     rows = n_trials * batch * n_pos
     normed = block.ln1(inputs.reshape(n_trials * n_in * batch, n_pos, d_model))
     normed = normed.view(n_trials, n_in, batch, n_pos, d_model)
+    weights = ((attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V))
     qkv = []
-    for c, (w, b) in enumerate(((attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V))):
+    for c, (w_all, b_all) in enumerate(weights):
+        w, b = w_all[heads], b_all[heads]
+        h = w.shape[0]
         if n_in == 1:  # one input for every head, as in the model: no copy per head
             x = normed[:, 0].reshape(1, rows, d_model).expand(h, rows, d_model)
         else:
             x = normed[:, c * h : (c + 1) * h].transpose(0, 1).reshape(h, rows, d_model)
         qkv.append(torch.baddbmm(b.unsqueeze(1), x, w).view(h, n_trials * batch, n_pos, -1))
     q, k, v = qkv
+    h = v.shape[0]
     if attn.rotary is not None:  # [batch, pos, n_heads, d_head] views, as the hooks see
         q = attn.rotary(q.permute(1, 2, 0, 3)).permute(2, 0, 1, 3)
         k = attn.rotary(k.permute(1, 2, 0, 3)).permute(2, 0, 1, 3)
@@ -248,6 +306,4 @@ def _attention(
     else:
         scores = torch.bmm(q, k.transpose(1, 2)).mul_(attn.scale)
     z = torch.bmm(scores.softmax(dim=-1), v).view(h, rows, d_head)
-    result = torch.bmm(z, attn.W_O)  # [n_heads, rows, d_model]
-    attn_out = (result.sum(dim=0) + attn.b_O).view(n_trials, batch, n_pos, d_model)
-    return result.view(h, n_trials, batch, n_pos, d_model), attn_out
+    return torch.bmm(z, attn.W_O[heads])  # [heads, rows, d_model]

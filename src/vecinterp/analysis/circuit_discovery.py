@@ -12,7 +12,11 @@ embedding (reverse topological order); at each receiver it tries its incoming ed
 time, latest sender first, and removes an edge for good when the metric, with that edge and
 every edge removed so far patched, rises by at most the threshold ``tau`` over its current
 value. A node none of whose outgoing edges is left cannot change the output any more, so
-its incoming edges are removed without a trial.
+its incoming edges are removed without a trial (and the passes do not compute it). With a
+corrupted input, a node left with no incoming edge computes exactly its corrupted output,
+so at the end its outgoing edges, which carry nothing, are dropped too (``n_pruned``): the
+circuit is then made of paths from the embedding to the output. With mean ablation such a
+node still computes something else than its mean output, and its edges stay.
 
 Batching without changing the algorithm: the trials at a receiver are run speculatively,
 several per pass, trial ``j`` removing the receiver's next ``j + 1`` candidate edges
@@ -74,6 +78,9 @@ class CircuitResult:
         seconds: the wall time of the search at this threshold (the shared clean and
             corrupted runs excluded).
         n_passes, n_trials: forward passes run and trials in them (batched).
+        n_pruned: kept edges dropped at the end (corrupted input only) because their
+            sender had lost all its incoming edges: such a node computes its corrupted
+            output, so they carry nothing.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -102,6 +109,7 @@ class CircuitResult:
     seconds: float
     n_passes: int
     n_trials: int
+    n_pruned: int = 0
 
     @property
     def n_kept(self) -> int:
@@ -411,6 +419,7 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
                         break
                 else:
                     i, chunk = i + k, min(2 * chunk, setup.chunk)
+        n_pruned = _prune(graph, removed) if setup.ablation == "corrupted" else 0
         final = _metrics(setup, 0, removed[None].to(device))[0]
     kept = (graph.valid & ~removed).nonzero().tolist()
     edges = [(_spec(graph.senders[s]), _spec(graph.receivers[r])) for r, s in kept]
@@ -435,7 +444,22 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
         seconds=time.perf_counter() - start_time,
         n_passes=n_passes,
         n_trials=n_trials,
+        n_pruned=n_pruned,
     )
+
+
+def _prune(graph: EdgeGraph, removed: torch.Tensor) -> int:
+    """Remove (in place) the edges out of every node left with no incoming edge, in forward
+    order so that the nodes this strands are pruned too; the number removed. With a
+    corrupted input such a node computes exactly its corrupted output (its input is the
+    corrupted residual stream), so its outgoing edges carry nothing."""
+    n = 0
+    for s, rows in enumerate(graph.inputs_of):
+        if rows and not bool((graph.valid & ~removed)[rows].any()):
+            out = graph.valid[:, s] & ~removed[:, s]
+            n += int(out.sum())
+            removed[:, s] |= out
+    return n
 
 
 def _owner(receiver: _Node) -> _Node:
