@@ -610,3 +610,26 @@ def test_plot_circuit_draws_one_arrow_per_kept_edge(planted):
     plt.close(ax.figure)
     with pytest.raises(TypeError, match="CircuitResult"):
         plot_circuit({"edges": []})
+
+
+def test_the_induction_example_adds_the_circuit_to_its_report(tmp_path):
+    # examples/induction_heads.py --acdc: its discover() on an untrained model of the
+    # example's --fast shape (the trained run is the example's own test's business)
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    from pathlib import Path
+
+    from vecinterp.tasks.induction_claims import FAST
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "induction_heads.py"
+    spec = importlib.util.spec_from_file_location("induction_heads_acdc", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    report = tmp_path / "report.md"
+    report.write_text("# report\n")
+    model = vi.HookedVectorTransformer(FAST.model_config(), seed=0)
+    example.discover(model, FAST, report, progress=False)
+    text = report.read_text()
+    assert text.startswith("# report\n") and "![circuit](circuit.png)" in text
+    assert "edges kept" in text
+    assert (tmp_path / "circuit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
