@@ -129,7 +129,7 @@ def plot_circuit(
     if title is None:
         title = (
             f"ACDC circuit: {len(result.edges)} of {result.n_edges} edges (τ = "
-            f"{result.threshold:g})\nmetric: circuit {result.metric:.3g}, model "
+            f"{result.threshold:.3g})\nmetric: circuit {result.metric:.3g}, model "
             f"{result.full_metric:.3g}, all edges removed {result.corrupted_metric:.3g}"
         )
     ax.set_title(title, fontsize="medium")
