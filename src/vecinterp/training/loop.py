@@ -171,8 +171,9 @@ def train(
             stay bit-identical.
         sync_every: read the steps' losses and gradient norms on the host (and check them)
             at least every this many steps (>= 1; see "Host syncs" above). ``1`` checks
-            each step before the next starts. Under ``torchrun`` every step is read (the
-            ranks agree on each step's loss).
+            each step before the next starts. The batches of the steps not yet read are
+            kept until then (to name a bad one's first NaN). Under ``torchrun`` every step
+            is read (the ranks agree on each step's loss).
 
     Returns:
         A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
