@@ -633,3 +633,22 @@ def test_the_induction_example_adds_the_circuit_to_its_report(tmp_path):
     assert text.startswith("# report\n") and "![circuit](circuit.png)" in text
     assert "edges kept" in text
     assert (tmp_path / "circuit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_how_to_page_example_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("matplotlib")
+    page = Path(__file__).resolve().parents[1] / "docs" / "howto_circuit_discovery.rst"
+    blocks = re.findall(r"^\.\. code-block:: python\n((?:\n|   .*\n)+)", page.read_text(), re.M)
+    assert len(blocks) == 1
+    code = "\n".join(line[3:] for line in blocks[0].splitlines())
+    monkeypatch.chdir(tmp_path)  # it saves circuit.png
+    namespace: dict = {}
+    exec(compile(code, page.name, "exec"), namespace)
+    result, sweep, own = namespace["result"], namespace["sweep"], namespace["own"]
+    assert 0 < result.n_kept < result.n_edges == 3 * 4 + 1 + 4 + 3 * 4 * 6 + 1 + 9 + 1 + 10
+    assert [r.ablation for r in sweep] == ["mean", "mean"]
+    assert own.full_metric == 0.0
+    assert (tmp_path / "circuit.png").is_file()
