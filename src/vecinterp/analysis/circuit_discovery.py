@@ -25,6 +25,10 @@ order; at the first edge kept, the trials after it assumed wrongly and are run a
 the result is exactly the one-edge-at-a-time algorithm, at about one pass per kept edge
 plus one per ``chunk_size`` removed edges. A pass starts at the receiver's layer from the
 clean run, which everything upstream of the receiver still is (its edges are all kept).
+
+One file because it is one search: the two public functions are its two entry points, the
+result is what it returns, and half of the length is their docstrings (the graph and the
+passes live in :mod:`vecinterp.analysis._circuit_graph`).
 """
 
 import math
