@@ -152,8 +152,9 @@ def forward(
             d_model]`` (shared by the trials).
         corr: every sender's corrupted (or mean) output ``[n_senders, batch, pos,
             d_model]``; needed when ``removed`` removes anything.
-        removed: ``[trials, n_receivers, n_senders]`` booleans; ``None``: one trial, nothing
-            removed.
+        removed: ``[trials, n_receivers, n_senders]`` booleans on the CPU (only the
+            weights of the corrections go to the model's device); ``None``: one trial,
+            nothing removed.
         record: two lists, or ``None``; the residual stream entering each group is
             appended to the first, each sender's output computed in the pass (``[trials,
             batch, pos, d_model]``, in sender order) to the second.
@@ -227,7 +228,7 @@ def _inputs(
         return resid[:, None]
     assert corr is not None and d_prefix is not None and alive is not None
     n_trials, n_rows = rem.shape[:2]
-    weights = rem.to(resid.dtype)
+    weights = rem.to(device=resid.device, dtype=resid.dtype)
     patch = torch.zeros(n_trials, n_rows, d_prefix.shape[1], dtype=resid.dtype, device=resid.device)
     if bool(rem[..., :n_prefix].any()):
         patch += weights[..., :n_prefix] @ d_prefix

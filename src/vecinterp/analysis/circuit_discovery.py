@@ -269,10 +269,10 @@ def circuit_threshold_sweep(
     if not thresholds:
         raise ValueError("thresholds is empty: give at least one threshold")
     taus = [_check_threshold(t, f"thresholds[{i}]") for i, t in enumerate(thresholds)]
-    setup = _prepare(model, clean_x, corrupted_x, metric, population, chunk_size)
     for name, flag in (("abs_value", abs_value), ("progress", progress)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
+    setup = _prepare(model, clean_x, corrupted_x, metric, population, chunk_size)
     return [_search(setup, tau, abs_value, progress) for tau in taus]
 
 
@@ -363,8 +363,7 @@ def _prepare(
     setup = _Setup(model, graph, clean, corr, chosen, ablation, chunk)
     with torch.no_grad():
         setup.full_metric = float(_scalar(chosen(clean.output), clean.output))
-        everything = graph.valid[None].to(clean.output.device)
-        setup.corrupted_metric = _metrics(setup, 0, everything)[0]
+        setup.corrupted_metric = _metrics(setup, 0, graph.valid[None])[0]
     return setup
 
 
@@ -390,8 +389,7 @@ def _metrics(setup: _Setup, group: int, removed: torch.Tensor) -> list[float]:
 def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> CircuitResult:
     start_time = time.perf_counter()
     graph = setup.graph
-    device = setup.clean.output.device
-    removed = torch.zeros_like(graph.valid)
+    removed = torch.zeros_like(graph.valid)  # on the CPU, as every mask: bookkeeping
     scores: dict[tuple[int, int], float] = {}
     current = setup.full_metric
     chunk, n_passes, n_trials = 1, 0, 0
@@ -410,7 +408,7 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
                 trials = removed[None].repeat(k, 1, 1)
                 for j in range(k):  # trial j: the next j + 1 candidates removed
                     trials[j, r, candidates[i : i + j + 1]] = True
-                values = _metrics(setup, graph.group_of[r], trials.to(device))
+                values = _metrics(setup, graph.group_of[r], trials)
                 n_passes, n_trials = n_passes + 1, n_trials + k
                 for j, value in enumerate(values):
                     change = value - current
@@ -424,7 +422,7 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
                 else:
                     i, chunk = i + k, min(2 * chunk, setup.chunk)
         n_pruned = _prune(graph, removed) if setup.ablation == "corrupted" else 0
-        final = _metrics(setup, 0, removed[None].to(device))[0]
+        final = _metrics(setup, 0, removed[None])[0]
     kept = (graph.valid & ~removed).nonzero().tolist()
     edges = [(_spec(graph.senders[s]), _spec(graph.receivers[r])) for r, s in kept]
     on_edges = {graph.senders[s] for r, s in kept} | {_owner(graph.receivers[r]) for r, s in kept}
