@@ -21,7 +21,8 @@ Run::
 shipped inside the package, so this runs from any directory) and ``vi.save`` folders.
 ``--fast`` trains a tiny model (d_model 32, 5 heads, 3 layers, 8-dim vectors) for 120
 steps with small data sets: it exercises the plumbing, its numbers say nothing about the
-paper.
+paper. ``--acdc`` also runs automated circuit discovery on the first model
+(``affine_claims.discover_affine_circuit``) and adds its graph to the report.
 """
 
 import argparse
@@ -35,21 +36,6 @@ import torch
 import vecinterp as vi
 from vecinterp.tasks import affine_claims as ac
 from vecinterp.tasks import affine_recurrence as ar
-
-FAST_CONFIG = {
-    **ar.MODEL_CONFIG_KWARGS,
-    **dict(d_in=8, d_out=8, d_model=32, d_head=8, n_heads=5, d_mlp=64, n_ctx=16),
-}
-"""The ``--fast`` model: 3 layers (layer-indexed claims), 5 heads (the heads 0-4 patch)."""
-FAST_SIZES = dict(
-    analysis_batch=48,
-    population=200,
-    eval_batches=12,
-    eval_batch_size=16,
-    sweep_batch_size=8,
-    n_random=64,
-)
-"""Data sizes for ``--fast`` (``measure_claims``'s defaults otherwise)."""
 
 
 def missing_checkpoint_message(path: Path) -> str:
@@ -79,7 +65,9 @@ def load_model(spec: str) -> tuple[vi.HookedVectorTransformer, dict | None, str]
 def train_model(args: argparse.Namespace) -> tuple[vi.HookedVectorTransformer, dict, str]:
     """Train a model here (``--train``/``--fast``) with a cosine schedule."""
     model = vi.HookedVectorTransformer(
-        vi.VectorTransformerConfig(**(FAST_CONFIG if args.fast else ar.MODEL_CONFIG_KWARGS)),
+        vi.VectorTransformerConfig(
+            **(ac.FAST_MODEL_CONFIG if args.fast else ar.MODEL_CONFIG_KWARGS)
+        ),
         seed=args.seed,
     )
     dim = model.cfg.d_in
@@ -137,6 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default="outputs/affine_recurrence")
     parser.add_argument("--dpi", type=int, default=100)
     parser.add_argument("--threads", type=int, default=0, help="0: the idle cores (>= 1)")
+    parser.add_argument("--acdc", action="store_true", help="also discover the circuit (~6 s)")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -164,8 +153,12 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
     for name, (model, _, source) in zip(names, loaded, strict=True):
         print(f"{name} ({source}):", flush=True)
         results.append(
-            ac.measure_claims(model, progress=report, **(FAST_SIZES if args.fast else {}))
+            ac.measure_claims(model, progress=report, **(ac.FAST_SIZES if args.fast else {}))
         )
+    if args.acdc:  # which residual-stream edges the first model needs (ACDC)
+        t0 = time.perf_counter()
+        circuit = ac.discover_affine_circuit(loaded[0][0], progress=not args.no_progress)
+        report("automated circuit discovery (ACDC)", time.perf_counter() - t0)
     print()
     print(ac.claims_table(results[0], fmt="text"))
     if len(results) > 1:
@@ -182,6 +175,7 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
 
         t0 = time.perf_counter()
         drawn = ac.claim_figures(results[0], history=loaded[0][1])
+        drawn.update({"circuit": plot.plot_circuit(circuit)} if args.acdc else {})
         figures = [p.name for p in plot.save_figures(drawn, out, dpi=args.dpi, processes=threads)]
         report("figures", time.perf_counter() - t0)
     for name, result in zip(names, results, strict=True):  # to re-judge or tabulate later
@@ -190,6 +184,7 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
     text = ac.claims_report(
         results, names, sources=[x[2] for x in loaded], figures=figures, wall=wall
     )
+    text += f"\n## Circuit found by ACDC\n\n```\n{circuit.summary()}\n```\n" if args.acdc else ""
     (out / "report.md").write_text(text)
     print(f"\nreport: {out / 'report.md'}; figures: {', '.join(figures) or 'none'}")
     print(f"wall time: {wall:.1f} s")

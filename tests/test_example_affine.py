@@ -103,7 +103,7 @@ def test_fast_run_writes_every_figure_legibly(fast_run):
 
 
 def test_several_checkpoints_give_one_column_each(tmp_path):
-    model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(**_example().FAST_CONFIG), seed=3)
+    model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(**ac.FAST_MODEL_CONFIG), seed=3)
     vi.save(model, tmp_path / "tiny")
     out = tmp_path / "out"
     argv = ["--checkpoint", str(tmp_path / "tiny"), str(tmp_path / "tiny"), "--no-figures"]

@@ -22,6 +22,9 @@ Layout: :func:`measure_claims` (model → :class:`ClaimsResult`), :func:`judge_c
 :func:`claims_table` and :func:`robustness_table` (one model, or one column per model),
 :func:`claims_report` (the Markdown report) and :func:`claim_figures` (matplotlib, the
 ``plot`` extra). :func:`checkerboard_contrast` is the parity measure of claim 4.
+:func:`discover_affine_circuit` runs automated circuit discovery (ACDC) on the model, and
+:data:`FAST_MODEL_CONFIG` and :data:`FAST_SIZES` are the main example's ``--fast``
+settings.
 
 Data (choices where the paper is silent): analyses that read one forward pass (attention,
 attribution, geometry, logit lens) use ``analysis_batch`` sequences of the longest training
@@ -33,8 +36,10 @@ its own unablated MSE. The model's LayerNorms and value biases are folded first
 (:func:`~vecinterp.process_weights`), as the paper did (§4.1); outputs are unchanged.
 """
 
+from . import circuit as _circuit
 from . import results as _results
 from .analyses import checkerboard_contrast
+from .circuit import discover_affine_circuit
 from .figures import claim_figures
 from .judge import judge_claims
 from .measure import measure_claims
@@ -59,12 +64,21 @@ CLAIMS = _results.CLAIMS
 """``number -> (claim, the paper's figure)`` for the thirteen claims of the paper's §4."""
 THRESHOLDS = _results.THRESHOLDS
 """Every verdict is computed from these numbers (the comments give the claim)."""
+FAST_MODEL_CONFIG = _circuit.FAST_MODEL_CONFIG
+"""The ``--fast`` model of ``examples/affine_recurrence.py`` (``VectorTransformerConfig``
+keywords): 3 layers (the claims are layer-indexed), 5 heads (claim 11 patches heads 0-4),
+8-dim vectors."""
+FAST_SIZES = _circuit.FAST_SIZES
+"""Data sizes for a quick :func:`measure_claims` (``**FAST_SIZES``): every analysis runs in
+seconds; the numbers are noisier."""
 FIGURES = _results.FIGURES
 """The names of the figures :func:`~vecinterp.tasks.affine_claims.claim_figures` makes, in
 order (``loss`` only with a training history)."""
 
 __all__ = [
     "CLAIMS",
+    "FAST_MODEL_CONFIG",
+    "FAST_SIZES",
     "FIGURES",
     "HOLDS",
     "NO",
@@ -80,6 +94,7 @@ __all__ = [
     "claim_figures",
     "claims_report",
     "claims_table",
+    "discover_affine_circuit",
     "judge_claims",
     "measure_claims",
     "robustness_table",
