@@ -101,11 +101,18 @@ def train_model(args: argparse.Namespace) -> tuple[vi.HookedVectorTransformer, d
     )
 
 
-def idle_cores() -> int:
-    """Cores the last minute's load left idle (>= 1; 1 without a load average): on a busy
-    2-core machine 2 torch threads spin-wait (106 s vs 16 s with 1; idle, 14 s with 2)."""
-    cores = os.cpu_count() or 1
-    return max(1, cores - round(os.getloadavg()[0] if hasattr(os, "getloadavg") else cores))
+def idle_cores(window: float = 0.2) -> int:
+    """Cores idle over ``window`` seconds (>= 1; Linux's /proc/stat, else 1): on a busy
+    2-core machine 2 torch threads spin-wait (106 s vs 16 s with 1; idle, 10 s with 2)."""
+    stat = Path("/proc/stat")  # its first line: all cores' ticks, user .. steal
+    try:
+        before = [int(v) for v in stat.read_text().split()[1:9]]
+        time.sleep(window)
+        ticks = [int(v) - b for v, b in zip(stat.read_text().split()[1:9], before, strict=True)]
+    except (OSError, ValueError):
+        return 1
+    idle = (ticks[3] + ticks[4]) / max(1, sum(ticks))  # idle + iowait
+    return max(1, round(idle * (os.cpu_count() or 1)))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -144,10 +151,8 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
     names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
 
     def report(label: str, seconds: float) -> None:
-        print(
-            f"  {label:<55} {seconds:6.1f} s   (elapsed {time.perf_counter() - start:.1f} s)",
-            flush=True,
-        )
+        elapsed = time.perf_counter() - start
+        print(f"  {label:<55} {seconds:6.1f} s   (elapsed {elapsed:.1f} s)", flush=True)
 
     results = []
     for name, (model, _, source) in zip(names, loaded, strict=True):
