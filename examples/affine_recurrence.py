@@ -12,7 +12,7 @@ model) into ``--out``.
 
 Run::
 
-    python examples/affine_recurrence.py                       # the shipped model, ~17 s
+    python examples/affine_recurrence.py                       # the shipped model, ~12 s
     python examples/affine_recurrence.py --checkpoint fast paper checkpoints/affine_fast_seed1
     python examples/affine_recurrence.py --train --steps 2000  # train a model here first
     python examples/affine_recurrence.py --fast                # CI: a tiny model, seconds
