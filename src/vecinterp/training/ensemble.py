@@ -149,7 +149,8 @@ def train_ensemble(
     Speed: the point is an accelerator, which one small model leaves mostly idle and on
     which K members are as many kernel launches as one (not yet measured). On a CPU, busy
     with one model's matrix products already, the ensemble took about the time of K
-    sequential runs (0.8-1.1x their throughput; ``benchmarks/ensemble.py``).
+    sequential runs in 3-update runs (0.8-1.1x their throughput) and 1.1-1.4x faster in
+    30-update runs of the retrieval models (``benchmarks/ensemble.py``).
 
     On the first step the batched forward is checked against member 0's own forward.
 
