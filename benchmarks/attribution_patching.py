@@ -38,7 +38,27 @@ forward-equivalents: attribution patching's time over that of one plain forward 
 the batch (no grad), the two alternating 20 times, medians, against the issue's budget
 of 3 (a clean pass, a corrupted pass that keeps the graph, a backward pass).
 
+``--task induction``: the same comparison on the trained vector induction model
+(``vecinterp.tasks.induction``'s preset: 2 layers, attention only, LayerNorm, rotary,
+d_model 64, 4 heads of 16), trained on the CPU with ``induction.RECIPE`` (2,000 steps of
+batch 32, about 2 minutes on one thread), seed 0; ``--load DIR`` reads a model saved with
+``--save DIR`` instead of training. Clean batch: 8 sequences ``r_1..r_m r_1..r_m`` with
+``m = 10`` (``induction.generate(8, m=10, seed=1)``). Metrics as above, over the scored
+repeated half (``mse``: against the next vectors, the targets). Hook points: those of an
+attention-only model (no ``mlp_out``). Corruptions:
+
+- ``other``, ``last``, ``noise``: as above (``other``: ``generate(8, m=10, seed=2)``);
+  ``noise`` is small against the unit vectors' components (about 0.25 each in 16
+  dimensions);
+- ``even``: the first half's even positions ``0, 2, .., m-2`` taken from ``other``, the
+  corruption of ``benchmarks/path_patching_induction.py``: the repeated half is unchanged,
+  but half of its vectors no longer occur earlier and the other half are followed there by
+  the wrong vector, so induction fails at every scored position.
+
+The speed measurement is made on the affine model only.
+
 Run: python benchmarks/attribution_patching.py [--rounds N] [--threads T]
+     python benchmarks/attribution_patching.py --task induction [--save DIR | --load DIR]
 """
 
 import argparse
@@ -50,8 +70,10 @@ import torch
 
 import vecinterp as vi
 from vecinterp.tasks import affine_recurrence as ar
+from vecinterp.tasks import induction
 
 BATCH, TIMED_BATCH, LENGTH = 8, 16, 14
+PERIOD = 10  # induction: m, so 2 m = 20 positions
 HOOKS = [
     ("resid_pre", "layer_pos"),
     ("attn_out", "layer_pos"),
@@ -59,6 +81,7 @@ HOOKS = [
     ("z", "head"),
     ("z", "head_pos"),
 ]
+ATTN_ONLY_HOOKS = [hook for hook in HOOKS if hook[0] != "mlp_out"]
 
 
 def corruptions(clean: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -67,6 +90,71 @@ def corruptions(clean: torch.Tensor) -> dict[str, torch.Tensor]:
     last[:, -1] = other[:, -1]
     noise = torch.randn(clean.shape, generator=torch.Generator().manual_seed(3))
     return {"other": other, "last": last, "noise": clean + 0.01 * noise}
+
+
+def induction_corruptions(clean: torch.Tensor) -> dict[str, torch.Tensor]:
+    other = induction.generate(clean.shape[0], m=PERIOD, seed=2).inputs
+    last = clean.clone()
+    last[:, -1] = other[:, -1]
+    noise = torch.randn(clean.shape, generator=torch.Generator().manual_seed(3))
+    even = clean.clone()
+    even[:, 0:PERIOD:2] = other[:, 0:PERIOD:2]
+    return {"other": other, "last": last, "noise": clean + 0.01 * noise, "even": even}
+
+
+def train_induction(steps: int, seed: int) -> vi.HookedVectorTransformer:
+    model = vi.HookedVectorTransformer(induction.model_config(), seed=seed)
+    recipe = dict(induction.RECIPE, steps=steps)
+    batch_size = recipe.pop("batch_size")
+    start = time.perf_counter()
+    result = vi.train(
+        model,
+        lambda step, gen: induction.generate(batch_size, generator=gen),
+        **recipe,
+        seed=seed,
+        device="cpu",
+        progress=False,
+    )
+    print(f"trained the induction model, {steps} steps, in {time.perf_counter() - start:.0f} s")
+    return result.model
+
+
+def compare(model, clean, targets, mask, corrupted_inputs, hooks) -> None:
+    """Print, for each corruption, metric and hook point, how the estimate agrees."""
+
+    def metric(y: torch.Tensor) -> torch.Tensor:
+        return vi.masked_mse(y, targets, mask)
+
+    with torch.no_grad():
+        print(f"mse on the clean run: {float(metric(model(clean))):.3e}", flush=True)
+    print(f"{'corruption':<10} {'metric':<7} {'hook':<10} {'by':<10} {'cells':>5} {'r':>7} "
+          f"{'rel err':>8} {'slope':>6}  metric(corrupted)")  # fmt: skip
+    for kind, corrupted in corrupted_inputs.items():
+        metrics = {"mse": metric, "toward": toward(model, clean, corrupted, mask)}
+        for metric_name, m in metrics.items():
+            with torch.no_grad():
+                base = float(m(model(corrupted)))
+            for hook_name, by in hooks:
+                exact = vi.activation_patching(
+                    model, clean, corrupted, m, hook_name, by=by, progress=False
+                )
+                estimate = vi.attribution_patching(model, clean, corrupted, m, hook_name, by=by)
+                r, rel, slope = agreement(estimate, exact - base)
+                print(
+                    f"{kind:<10} {metric_name:<7} {hook_name:<10} {by:<10} {exact.numel():>5} "
+                    f"{r:>7.4f} {rel:>8.3f} {slope:>6.3f}  {base:.3e}",
+                    flush=True,
+                )
+
+
+def induction_main(args: argparse.Namespace) -> None:
+    model = vi.load(args.load) if args.load else train_induction(args.steps, args.seed)
+    if args.save:
+        vi.save(model, args.save)
+    model.eval()
+    data = induction.generate(BATCH, m=PERIOD, seed=1)
+    corrupted = induction_corruptions(data.inputs)
+    compare(model, data.inputs, data.targets, data.loss_mask, corrupted, ATTN_ONLY_HOOKS)
 
 
 def toward(model, clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor):
@@ -95,8 +183,18 @@ def timed(fn, *args, **kwargs) -> tuple[float, torch.Tensor]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="attribution vs activation patching")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="induction: default 1")
+    parser.add_argument("--task", choices=["affine", "induction"], default="affine")
+    parser.add_argument("--steps", type=int, default=induction.RECIPE["steps"])
+    parser.add_argument("--seed", type=int, default=0, help="induction model's seed")
+    parser.add_argument("--save", help="save the trained induction model into this directory")
+    parser.add_argument("--load", help="load an induction model saved with --save")
     args = parser.parse_args()
+    if args.task == "induction":
+        # one thread by default: two threads' OpenMP barriers spin on busy cores
+        torch.set_num_threads(args.threads or 1)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        return induction_main(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
@@ -109,27 +207,7 @@ def main() -> None:
         return lambda y: vi.masked_mse(y, data.targets, data.loss_mask)
 
     data = ar.generate(BATCH, length=LENGTH, seed=1)
-    clean, metric = data.inputs, metric_for(data)
-    with torch.no_grad():
-        print(f"mse on the clean run: {float(metric(model(clean))):.3e}", flush=True)
-    print(f"{'corruption':<10} {'metric':<7} {'hook':<10} {'by':<10} {'cells':>5} {'r':>7} "
-          f"{'rel err':>8} {'slope':>6}  metric(corrupted)")  # fmt: skip
-    for kind, corrupted in corruptions(clean).items():
-        metrics = {"mse": metric, "toward": toward(model, clean, corrupted, data.loss_mask)}
-        for metric_name, m in metrics.items():
-            with torch.no_grad():
-                base = float(m(model(corrupted)))
-            for hook_name, by in HOOKS:
-                exact = vi.activation_patching(
-                    model, clean, corrupted, m, hook_name, by=by, progress=False
-                )
-                estimate = vi.attribution_patching(model, clean, corrupted, m, hook_name, by=by)
-                r, rel, slope = agreement(estimate, exact - base)
-                print(
-                    f"{kind:<10} {metric_name:<7} {hook_name:<10} {by:<10} {exact.numel():>5} "
-                    f"{r:>7.4f} {rel:>8.3f} {slope:>6.3f}  {base:.3e}",
-                    flush=True,
-                )
+    compare(model, data.inputs, data.targets, data.loss_mask, corruptions(data.inputs), HOOKS)
 
     data = ar.generate(TIMED_BATCH, length=LENGTH, seed=1)
     clean, metric = data.inputs, metric_for(data)
