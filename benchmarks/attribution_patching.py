@@ -103,20 +103,10 @@ def induction_corruptions(clean: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def train_induction(steps: int, seed: int) -> vi.HookedVectorTransformer:
-    model = vi.HookedVectorTransformer(induction.model_config(), seed=seed)
-    recipe = dict(induction.RECIPE, steps=steps)
-    batch_size = recipe.pop("batch_size")
     start = time.perf_counter()
-    result = vi.train(
-        model,
-        lambda step, gen: induction.generate(batch_size, generator=gen),
-        **recipe,
-        seed=seed,
-        device="cpu",
-        progress=False,
-    )
+    model = induction.train_preset(seed=seed, steps=steps).model
     print(f"trained the induction model, {steps} steps, in {time.perf_counter() - start:.0f} s")
-    return result.model
+    return model
 
 
 def compare(model, clean, targets, mask, corrupted_inputs, hooks) -> None:

@@ -115,23 +115,13 @@ def affine(taus, figures) -> dict[str, Any]:
 
 
 def train_induction(steps: int, seed: int) -> vi.HookedVectorTransformer:
-    model = vi.HookedVectorTransformer(induction.model_config(), seed=seed)
-    recipe = dict(induction.RECIPE, steps=steps)
-    batch_size = recipe.pop("batch_size")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # two threads' OpenMP barriers spin on busy cores
     start = time.perf_counter()
-    result = vi.train(
-        model,
-        lambda step, gen: induction.generate(batch_size, generator=gen),
-        **recipe,
-        seed=seed,
-        device="cpu",
-        progress=False,
-    )
+    model = induction.train_preset(seed=seed, steps=steps).model
     print(f"trained the induction model, {steps} steps, in {time.perf_counter() - start:.0f} s")
     torch.set_num_threads(threads)
-    return result.model
+    return model
 
 
 def induction_run(args, taus, figures) -> dict[str, Any]:

@@ -42,20 +42,10 @@ M, BATCH = 10, 64
 
 
 def train(steps: int, seed: int) -> vi.HookedVectorTransformer:
-    model = vi.HookedVectorTransformer(induction.model_config(), seed=seed)
-    recipe = dict(induction.RECIPE, steps=steps)
-    batch_size = recipe.pop("batch_size")
     start = time.perf_counter()
-    result = vi.train(
-        model,
-        lambda step, gen: induction.generate(batch_size, generator=gen),
-        **recipe,
-        seed=seed,
-        device="cpu",
-        progress=False,
-    )
+    model = induction.train_preset(seed=seed, steps=steps).model
     print(f"trained {steps} steps in {time.perf_counter() - start:.0f} s")
-    return result.model
+    return model
 
 
 def experiment() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

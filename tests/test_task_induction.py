@@ -357,3 +357,24 @@ def test_model_config_rejects_bad_arguments(args, kwargs, message):
 def test_generate_rejects_non_cpu_generator():
     with pytest.raises(ValueError, match="generator must be a CPU torch.Generator"):
         induction.generate(2, generator=torch.Generator(device="cuda"))
+
+
+def test_train_preset_is_vi_train_with_the_recipe():
+    steps = 40
+    ours = induction.train_preset(seed=3, steps=steps, lr=2e-3)
+    recipe = dict(induction.RECIPE, steps=steps, warmup_steps=2, lr=2e-3)  # 100 * 40 // 2000
+    batch_size = recipe.pop("batch_size")
+    model = vi.HookedVectorTransformer(induction.model_config(), seed=3)
+    by_hand = vi.train(
+        model,
+        lambda step, gen: induction.generate(batch_size, generator=gen),
+        **recipe,
+        seed=3,
+        device="cpu",
+        progress=False,
+    )
+    assert ours.history.train_loss == by_hand.history.train_loss
+    for (name, a), b in zip(
+        ours.model.state_dict().items(), by_hand.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name

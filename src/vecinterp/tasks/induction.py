@@ -116,11 +116,7 @@ Example::
     import vecinterp as vi
     from vecinterp.tasks import induction
 
-    model = vi.HookedVectorTransformer(induction.model_config(), seed=0)
-    recipe = dict(induction.RECIPE)
-    batch_size = recipe.pop("batch_size")
-    result = vi.train(model, lambda step, g: induction.generate(batch_size, generator=g),
-                      **recipe)
+    result = induction.train_preset(seed=0)               # vi.train with RECIPE
     batch = induction.generate(64, m=10, seed=1)          # InductionBatch, 20 positions
     vi.induction_score(vi.attention_patterns(result.model, batch.inputs), m=batch.m)
 """
@@ -134,6 +130,8 @@ from jaxtyping import Bool, Float
 
 from ..analysis.detectors import repeated_random_vectors
 from ..model.config import VectorTransformerConfig
+from ..model.transformer import HookedVectorTransformer
+from ..training import TrainResult, train
 from ._common import check_device, check_dtype, check_int, resolve_generator, seeded_generator
 
 __all__ = [
@@ -147,6 +145,7 @@ __all__ = [
     "fixed_eval_set",
     "generate",
     "model_config",
+    "train_preset",
 ]
 
 DEFAULT_DIM = 16
@@ -408,6 +407,53 @@ def model_config(
         attn_only=True,
         normalization=normalization,
         positional=positional,
+    )
+
+
+def train_preset(
+    seed: int = 0,
+    steps: int | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    **overrides: Any,
+) -> TrainResult:
+    """Train :func:`model_config`'s model with :data:`RECIPE` on fresh :func:`generate`
+    batches: the model the docs and benchmarks analyse (about 2 minutes on a CPU).
+
+    Args:
+        seed: seeds the model's initial weights and :func:`vecinterp.train`'s data stream.
+        steps: training steps (default ``RECIPE["steps"]``, 2,000); the warm-up keeps its
+            share of them (``RECIPE["warmup_steps"] * steps // RECIPE["steps"]``).
+        device: where to train.
+        progress: show :func:`vecinterp.train`'s progress bar.
+        **overrides: other keyword arguments of :func:`vecinterp.train` (e.g. ``lr``,
+            ``eval_data``), replacing the recipe's.
+
+    Returns:
+        :func:`vecinterp.train`'s :class:`~vecinterp.training.TrainResult`; its ``model``
+        is the trained one.
+
+    Example:
+        >>> from vecinterp.tasks import induction
+        >>> result = induction.train_preset(seed=0, steps=3)
+        >>> result.model.cfg.n_layers, len(result.history.train_loss)
+        (2, 3)
+    """
+    recipe = dict(RECIPE)
+    if steps is not None:
+        warmup = RECIPE["warmup_steps"] * steps // RECIPE["steps"]
+        recipe.update(steps=steps, warmup_steps=warmup)
+    recipe.update(overrides)
+    batch_size = recipe.pop("batch_size")
+    model = HookedVectorTransformer(model_config(), seed=seed)
+    return train(
+        model,
+        lambda step, gen: generate(batch_size, generator=gen),
+        **recipe,
+        seed=seed,
+        device=device,
+        progress=progress,
     )
 
 
