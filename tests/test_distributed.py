@@ -8,14 +8,10 @@ hang); each rank runs every scenario in turn on one process group and writes wha
 to a file that the tests below read.
 """
 
-import datetime
-import faulthandler
 import io
 import os
 import signal
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,19 +21,21 @@ import torch.multiprocessing as mp
 
 import vecinterp as vi
 from helpers import random_model, tiny_cfg
+from two_ranks import (
+    attempt,
+    init_group,
+    launch,
+    leave_group_for_torchrun,
+    needs_gloo,
+)
 from vecinterp.training import distributed, loop, train
 
 F64 = torch.float64
-WORLD = 2
 CFG = tiny_cfg()  # d_in=3, d_out=5, n_ctx=7
 MAP = torch.linspace(-1.0, 1.0, 15, dtype=F64).reshape(3, 5)
-LIMIT = 300  # seconds for one launch of the ranks (they take about 5-50 on a loaded VM)
-START = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 # DDP's constructor imports torch._dynamo (hundreds of modules, seconds): once in the server
 PRELOAD = ["torch._dynamo", __name__]
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed"
-)
+pytestmark = needs_gloo
 
 
 def make_batch(step: int, gen: torch.Generator):
@@ -83,22 +81,6 @@ def outcome(result: vi.training.TrainResult) -> dict:
         "history": history,
         "checkpoint": None if result.checkpoint is None else result.checkpoint.name,
     }
-
-
-def failure(err: Exception) -> dict:
-    return {
-        "type": type(err).__name__,
-        "message": str(err),
-        "notes": list(getattr(err, "__notes__", [])),
-        "rank": getattr(err, "rank", None),
-    }
-
-
-def attempt(fn) -> dict:
-    try:
-        return {"ok": fn()}
-    except Exception as err:  # the tests read what each rank raised
-        return {"error": failure(err)}
 
 
 def scenarios(rank: int, out: Path) -> dict:
@@ -148,11 +130,7 @@ def scenarios(rank: int, out: Path) -> dict:
 
 
 def worker(rank: int, out: Path, kill: str | None) -> None:
-    torch.set_num_threads(1)
-    faulthandler.dump_traceback_later(LIMIT - 10, exit=True)  # a hung rank shows where
-    store = dist.FileStore(str(out / f"store-{kill}"), WORLD)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=LIMIT))  # fmt: skip
+    init_group(rank, out, kill)
     if kill:  # the killed run and its resume, on the group initialised here
         kw = dict(KW, checkpoint_dir=out / "killed", checkpoint_every=4)
         data = failing_at(6, 1, kill=True) if kill == "kill" else make_batch
@@ -160,46 +138,16 @@ def worker(rank: int, out: Path, kill: str | None) -> None:
         dist.destroy_process_group()
         torch.save(seen, out / f"rank{rank}.pt")
         return
-    try:
-        seen = scenarios(rank, out)
-        port = distributed.Ranks(torch.device("cpu"), created=False).share(
-            free_port() if rank == 0 else None
-        )  # chosen just before use: another program could take a port chosen earlier
-    finally:
-        dist.destroy_process_group()
+    seen = leave_group_for_torchrun(rank, lambda: scenarios(rank, out))
     # torchrun's variables: train initialises the process group itself, and destroys it
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))  # fmt: skip
     seen["env"] = attempt(lambda: outcome(train(start_model(), make_batch, **KW)))
     seen["env_left_initialised"] = dist.is_initialized()
     torch.save(seen, out / f"rank{rank}.pt")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(out: Path, kill: str | None = None) -> list[dict]:
-    """Run ``worker`` on 2 ranks; fail (rather than hang) if they take over LIMIT seconds."""
-    out.mkdir(exist_ok=True)
-    if START == "forkserver":
-        mp.get_context(START).set_forkserver_preload(PRELOAD)
-    context = mp.start_processes(worker, args=(out, kill), nprocs=WORLD, join=False,
-                                 start_method=START)  # fmt: skip
-    deadline = time.monotonic() + LIMIT
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks did not finish in {LIMIT} s")
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    return launch(tmp_path_factory.mktemp("ddp"))
+    return launch(worker, tmp_path_factory.mktemp("ddp"), preload=PRELOAD)
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +268,8 @@ def test_resume_after_a_rank_is_killed_is_bit_identical(ranks, tmp_path):
     """Rank 1 is SIGKILLed at step 6 (after the checkpoint of step 4); two fresh ranks
     resume from it and end where the uninterrupted run did."""
     with pytest.raises(mp.ProcessExitedException, match="SIGKILL"):
-        launch(tmp_path, kill="kill")
-    for seen in launch(tmp_path, kill="resume"):
+        launch(worker, tmp_path, kill="kill", preload=PRELOAD)
+    for seen in launch(worker, tmp_path, kill="resume", preload=PRELOAD):
         assert_same(ok(seen), ok(ranks[0]["whole"]), exact=True)
 
 

@@ -8,16 +8,12 @@ process could inherit locks held by its threads), run every scenario in turn on 
 group and write what they saw to a file that the tests below read.
 """
 
-import datetime
-import faulthandler
 import io
 import json
 import os
 import shutil
 import signal
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,21 +23,23 @@ import torch.multiprocessing as mp
 
 import vecinterp as vi
 from helpers import random_model, tiny_cfg
+from two_ranks import (
+    attempt,
+    init_group,
+    launch,
+    leave_group_for_torchrun,
+    needs_gloo,
+)
 from vecinterp.training import _ensemble_checkpoint, distributed, ensemble
 
 F64 = torch.float64
-WORLD = 2
 K = 5  # rank 0 trains members 0-2, rank 1 members 3-4
 CFG = tiny_cfg()  # d_in=3, d_out=5, n_ctx=7, 2 layers
 MAP = torch.linspace(-1.0, 1.0, 15, dtype=F64).reshape(3, 5)
-LIMIT = 300  # seconds for one launch of the ranks (about 5-20 on a loaded VM)
-START = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 # torch.optim.AdamW's constructor imports torch._dynamo (hundreds of modules, seconds): once
 PRELOAD = ["torch._dynamo", __name__]
 FIELDS = ("steps", "train_loss", "lr", "grad_norm", "eval_steps", "eval_loss")
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed"
-)
+pytestmark = needs_gloo
 
 
 def make_batch(step: int, gen: torch.Generator):
@@ -136,22 +134,6 @@ def outcome(out: vi.EnsembleResult) -> dict:
     }
 
 
-def failure(err: Exception) -> dict:
-    return {
-        "type": type(err).__name__,
-        "message": str(err),
-        "notes": list(getattr(err, "__notes__", [])),
-        "rank": getattr(err, "rank", None),
-    }
-
-
-def attempt(fn) -> dict:
-    try:
-        return {"ok": fn()}
-    except Exception as err:  # the tests read what each rank raised
-        return {"error": failure(err)}
-
-
 def scenarios(rank: int, out: Path) -> dict:
     """Everything the ranks run on one process group (initialised by the worker)."""
     seen: dict = {}
@@ -205,11 +187,7 @@ def scenarios(rank: int, out: Path) -> dict:
 
 
 def worker(rank: int, out: Path, kill: str | None) -> None:
-    torch.set_num_threads(1)
-    faulthandler.dump_traceback_later(LIMIT - 10, exit=True)  # a hung rank shows where
-    store = dist.FileStore(str(out / f"store-{kill}"), WORLD)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=LIMIT))  # fmt: skip
+    init_group(rank, out, kill)
     if kill:  # the killed run and its resume, on the group initialised here
         data = member(3, failing_at(5, kill=True)) if kill == "kill" else make_batch
         seen = attempt(lambda: outcome(train(data, checkpoint_dir=out / "killed", **CK,
@@ -217,41 +195,11 @@ def worker(rank: int, out: Path, kill: str | None) -> None:
         dist.destroy_process_group()
         torch.save(seen, out / f"rank{rank}.pt")
         return
-    try:
-        seen = scenarios(rank, out)
-        port = distributed.Ranks(torch.device("cpu"), created=False).share(
-            free_port() if rank == 0 else None
-        )  # chosen just before use: another program could take a port chosen earlier
-    finally:
-        dist.destroy_process_group()
+    seen = leave_group_for_torchrun(rank, lambda: scenarios(rank, out))
     # torchrun's variables: train_ensemble initialises the process group, and destroys it
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))  # fmt: skip
     seen["env"] = attempt(lambda: outcome(train()))
     seen["env_left_initialised"] = dist.is_initialized()
     torch.save(seen, out / f"rank{rank}.pt")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(out: Path, kill: str | None = None) -> list[dict]:
-    """Run ``worker`` on 2 ranks; fail (rather than hang) if they take over LIMIT seconds."""
-    out.mkdir(exist_ok=True)
-    if START == "forkserver":
-        mp.get_context(START).set_forkserver_preload(PRELOAD)
-    context = mp.start_processes(worker, args=(out, kill), nprocs=WORLD, join=False,
-                                 start_method=START)  # fmt: skip
-    deadline = time.monotonic() + LIMIT
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks did not finish in {LIMIT} s")
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +215,7 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ranks(workdir) -> list[dict]:
-    return launch(workdir)
+    return launch(worker, workdir, preload=PRELOAD)
 
 
 @pytest.fixture(scope="module")
@@ -448,11 +396,11 @@ def test_resume_after_a_rank_is_killed_is_bit_identical_on_two_ranks_or_one(rank
     one process resumes a copy of the directory, two fresh ranks the directory itself:
     both end where the uninterrupted run did."""
     with pytest.raises(mp.ProcessExitedException, match="SIGKILL"):
-        launch(tmp_path, kill="kill")
+        launch(worker, tmp_path, kill="kill", preload=PRELOAD)
     assert json.loads((tmp_path / "killed" / "ensemble.json").read_text())["step"] == 3
     shutil.copytree(tmp_path / "killed", tmp_path / "copy")
     whole = ok(ranks[0]["whole"])
-    for seen in launch(tmp_path, kill="resume"):
+    for seen in launch(worker, tmp_path, kill="resume", preload=PRELOAD):
         assert_identical(ok(seen), whole)
     alone = outcome(train(checkpoint_dir=tmp_path / "copy", **CK, resume=True))
     assert_identical(alone, whole)
