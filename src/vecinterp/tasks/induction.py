@@ -111,6 +111,9 @@ still singles out the previous-position head. Pass ``positional="learned"`` to
 on 2 busy cores, 50 s of CPU time); ``examples/induction_heads.py`` does that and analyses
 the result with :mod:`vecinterp.tasks.induction_claims`.
 
+One file because it is one task: its data, its model preset and its training recipe,
+which users import together as ``induction``.
+
 Example::
 
     import vecinterp as vi
