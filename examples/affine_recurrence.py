@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
         from vecinterp import plot
 
         t0 = time.perf_counter()
-        drawn = ac.claim_figures(results[0], history=loaded[0][1])
-        drawn.update({"circuit": plot.plot_circuit(circuit)} if args.acdc else {})
+        drawn = ac.claim_figures(results[0], history=loaded[0][1], lazy=True)  # drawn by:
+        drawn.update({"circuit": lambda: plot.plot_circuit(circuit)} if args.acdc else {})
         figures = [p.name for p in plot.save_figures(drawn, out, dpi=args.dpi, processes=threads)]
         report("figures", time.perf_counter() - t0)
     for name, result in zip(names, results, strict=True):  # to re-judge or tabulate later

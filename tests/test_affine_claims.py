@@ -430,3 +430,29 @@ def test_claim_figures_state_the_paper_value(result):
     with pytest.raises(ValueError, match="ClaimsResult"):
         ac.claim_figures(ac.ClaimsResult((), {}, {}, {}))
     assert math.isfinite(result.values["mse"])
+
+
+def test_lazy_claim_figures_written_in_workers_are_the_eager_ones(result, tmp_path):
+    pytest.importorskip("matplotlib")
+    import multiprocessing
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vecinterp.plot import save_figures
+
+    history = dict(steps=[1, 2, 3], train_loss=[1.0, 0.5, 0.2], eval_steps=[3], eval_loss=[0.3])
+    lazy = ac.claim_figures(result, history=history, lazy=True)
+    assert tuple(lazy) == ac.FIGURES and all(callable(f) for f in lazy.values())
+    assert plt.get_fignums() == []  # nothing drawn yet
+    eager_dir, lazy_dir = tmp_path / "eager", tmp_path / "lazy"
+    eager_dir.mkdir()
+    lazy_dir.mkdir()
+    save_figures(ac.claim_figures(result, history=history), eager_dir)
+    processes = 3 if "fork" in multiprocessing.get_all_start_methods() else 1
+    save_figures(lazy, lazy_dir, processes=processes)
+    for name in ac.FIGURES:
+        assert (lazy_dir / f"{name}.png").read_bytes() == (eager_dir / f"{name}.png").read_bytes()
+    assert plt.get_fignums() == []

@@ -69,3 +69,32 @@ def test_bad_arguments(tmp_path):
         with pytest.raises(TypeError, match=r"figures\['b'\] must be a matplotlib Figure"):
             save_figures({"b": "not a figure"}, tmp_path)
     plt.close("all")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_functions_that_draw_are_called_by_the_writer(tmp_path, processes):
+    if processes > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    drawn, given = tmp_path / "drawn", tmp_path / "given"
+    drawn.mkdir()
+    given.mkdir()
+    save_figures(_figures(), given)
+    makers = {
+        "loss": lambda: plot_loss([0, 1, 2], [1.0, 0.3, 0.1], reference=0.2),  # an Axes
+        "grid": lambda: _figures()["grid"],  # a Figure (the others are closed below)
+        "loss2": lambda: plot_loss([0, 1], [2.0, 0.5]),
+    }
+    save_figures(makers, drawn, processes=processes)
+    plt.close("all")
+    for name in ("loss", "grid", "loss2"):
+        assert (drawn / f"{name}.png").read_bytes() == (given / f"{name}.png").read_bytes()
+
+
+@needs_fork
+def test_a_function_returning_no_figure(tmp_path):
+    with pytest.raises(TypeError, match=r"figures\['x'\]\(\) must return a matplotlib Figure"):
+        save_figures({"x": lambda: 3}, tmp_path)
+    with pytest.raises(RuntimeError, match=r"not written: \['y.png'\]"):
+        save_figures({"x": lambda: plot_loss([0, 1], [1.0, 0.5]), "y": lambda: 3}, tmp_path,
+                     processes=2)  # fmt: skip
+    plt.close("all")

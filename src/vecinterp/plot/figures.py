@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -127,7 +127,7 @@ def save_figure(
 
 
 def save_figures(
-    figures: Mapping[str, Figure | Axes],
+    figures: Mapping[str, Figure | Axes | Callable[[], Figure | Axes]],
     directory: str | os.PathLike[str],
     *,
     dpi: int | float = 100,
@@ -139,12 +139,14 @@ def save_figures(
     Rendering is single-threaded Python (text layout, mostly), so on a machine with idle
     cores ``processes > 1`` writes the figures in that many processes at once: forked
     copies of this one (each renders its share of the figures it inherits, nothing is
-    pickled), the figures dealt out in turn. Where ``fork`` is not available (Windows,
-    or macOS's default) they are written here, one after another. The files are the same
-    either way.
+    pickled), the figures dealt out in turn. A value may also be a function of no
+    arguments that draws the figure: it is then called in the process that writes it, so
+    drawing is shared out too (``affine_claims.claim_figures(..., lazy=True)`` returns
+    such functions). Where ``fork`` is not available (Windows, or macOS's default) they
+    are written here, one after another. The files are the same either way.
 
     Args:
-        figures: ``{name: figure or axes}``, as ``affine_claims.claim_figures`` returns.
+        figures: ``{name: figure, axes, or a function returning one}``.
         directory: an existing folder.
         dpi: dots per inch (see :func:`save_figure`).
         suffix: the file suffix, which picks the format.
@@ -155,7 +157,8 @@ def save_figures(
         The paths written, in the order of ``figures``.
 
     Raises:
-        TypeError: a value is neither a Figure nor an Axes.
+        TypeError: a value is neither a Figure, an Axes nor callable, or a function
+            returned something else (from a worker: the ``RuntimeError`` below).
         ValueError: ``processes`` is not a positive int, ``suffix`` does not start with
             ``"."``, or ``directory`` is not a folder.
         RuntimeError: a worker process failed (its traceback is on stderr); the message
@@ -178,14 +181,15 @@ def save_figures(
     folder = Path(directory)
     if not folder.is_dir():
         raise ValueError(f"directory {str(folder)!r} is not an existing folder")
-    items = []
+    items: list[tuple[str, Figure | Callable[[], Figure | Axes], Path]] = []
     for name, fig in figures.items():
         figure = fig.figure if isinstance(fig, Axes) else fig
-        if not isinstance(figure, Figure):
+        if not isinstance(figure, Figure) and not callable(figure):
             raise TypeError(
-                f"figures[{name!r}] must be a matplotlib Figure or Axes, got {type(fig).__name__}"
+                f"figures[{name!r}] must be a matplotlib Figure, an Axes or a function "
+                f"drawing one, got {type(fig).__name__}"
             )
-        items.append((figure, folder / f"{name}{suffix}"))
+        items.append((name, figure, folder / f"{name}{suffix}"))
     n = min(processes, len(items))
     if n > 1 and "fork" not in multiprocessing.get_all_start_methods():
         n = 1
@@ -198,13 +202,14 @@ def save_figures(
                 worker = context.Process(target=_write_share, args=(share, dpi), daemon=True)
                 worker.start()
                 workers.append((worker, share))
-        for figure, path in shares[0]:
-            save_figure(figure, path, dpi=dpi, close=False)
+        for name, figure, path in shares[0]:
+            drawn = _drawn(name, figure)
+            save_figure(drawn, path, dpi=dpi, close=drawn is not figure)
         failed = []
         for worker, share in workers:
             worker.join()
             if worker.exitcode != 0:
-                failed += [path.name for _, path in share]
+                failed += [path.name for _, _, path in share]
         if failed:
             raise RuntimeError(
                 f"a process writing figures failed (traceback above); not written: {failed}"
@@ -212,16 +217,33 @@ def save_figures(
     finally:
         for worker, _ in workers:  # on an error here, let them finish their files
             worker.join()
-        for figure, _ in items:
-            plt.close(figure)
-    return [path for _, path in items]
+        for _, figure, _ in items:
+            if isinstance(figure, Figure):
+                plt.close(figure)
+    return [path for _, _, path in items]
 
 
-def _write_share(share: list[tuple[Figure, Path]], dpi: int | float) -> None:
+def _drawn(name: str, figure: Figure | Callable[[], Figure | Axes]) -> Figure:
+    """``figure``, or what the function ``figure`` draws (checked)."""
+    if isinstance(figure, Figure):
+        return figure
+    made: object = figure()
+    drawn = made.figure if isinstance(made, Axes) else made
+    if not isinstance(drawn, Figure):
+        raise TypeError(
+            f"figures[{name!r}]() must return a matplotlib Figure or Axes, "
+            f"got {type(made).__name__}"
+        )
+    return drawn
+
+
+def _write_share(
+    share: list[tuple[str, Figure | Callable[[], Figure | Axes], Path]], dpi: int | float
+) -> None:
     """A forked worker of :func:`save_figures`: write its figures, exit 1 on any error."""
     try:
-        for figure, path in share:
-            figure.savefig(path, dpi=dpi)
+        for name, figure, path in share:
+            _drawn(name, figure).savefig(path, dpi=dpi)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

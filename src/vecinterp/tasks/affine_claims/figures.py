@@ -1,6 +1,8 @@
 """The figures of the paper's §4 on our model, each with the paper's value or pattern as a
 reference (:func:`claim_figures`; matplotlib, the ``plot`` extra)."""
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -9,7 +11,9 @@ from ...analysis import fit_line
 from .results import PAPER_ALPHA, ClaimsResult
 
 
-def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None) -> dict[str, Any]:
+def claim_figures(
+    result: ClaimsResult, *, history: dict[str, Any] | None = None, lazy: bool = False
+) -> dict[str, Any]:
     """The figures of the paper's §4 on our model, each showing what the paper claims.
 
     ``attention_alternating`` / ``attention_non_alternating`` (claims 2-4, the claim per
@@ -25,9 +29,14 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
     Args:
         result: a :class:`ClaimsResult` of :func:`measure_claims` (with its ``data``).
         history: the training history, or ``None`` (no loss figure).
+        lazy: return, instead of each figure, a function of no arguments that draws it,
+            for :func:`vecinterp.plot.save_figures` to call in the process that writes it
+            (drawing nine figures takes seconds; shared out, it takes a fraction).
 
     Returns:
-        ``{name: Figure}``; save each with ``fig.savefig(f"{name}.png")`` and close it.
+        ``{name: Figure}`` (``{name: function}`` with ``lazy``); save each with
+        ``fig.savefig(f"{name}.png")`` and close it, or pass the dict to
+        :func:`vecinterp.plot.save_figures`.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
@@ -50,7 +59,6 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
     if not isinstance(result, ClaimsResult) or "patterns" not in result.data:
         raise ValueError("result must be a ClaimsResult from measure_claims (with its data)")
     d, v = result.data, result.values
-    figs: dict[str, Any] = {}
     patterns, batch = d["patterns"], d["batch"]
     n_layers, n_heads = patterns.shape[0], patterns.shape[2]
     rows = [f"layer {ell}" for ell in range(n_layers)]
@@ -60,9 +68,10 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
         "layer 2\npaper: checker-\nboard if c<0",
     ]
     kinds = (("alternating", batch.alternating), ("non_alternating", ~batch.alternating))
-    for name, which in kinds:
+
+    def attention(name: str, which: torch.Tensor) -> Any:
         idx = int(which.nonzero()[0]) if bool(which.any()) else 0
-        figs[f"attention_{name}"] = plot.plot_attention_grid(
+        return plot.plot_attention_grid(
             patterns[:, idx],
             row_labels=rows,
             col_labels=[f"head {h}" for h in range(n_heads)],
@@ -71,126 +80,135 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
             highlight_rows=[1],
         )
 
-    labels, values = d["attribution"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(labels)), 3.6), layout="constrained")
-    plot.plot_attribution(
-        torch.tensor(values),
-        labels,
-        ax=ax,
-        ylabel="⟨LN(c) W_U, a_{m+1}⟩",
-        title="direct attribution per head and MLP (claim 5)",
-    )
-    for ell, sign in enumerate(("paper: +", "paper: ~0", "paper: -")[:n_layers]):
-        ax.text(
-            ell * n_heads + (n_heads - 1) / 2,
-            1.0,
-            sign,
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=9,
-            color="0.3",
-        )
-    figs["attribution"] = fig
-
-    by_pos = v["mlp_by_pos"]
-    fig, ax = plt.subplots(figsize=(6, 3.4), layout="constrained")
-    plot.plot_attribution(
-        torch.tensor(by_pos),
-        [str(p) for p in range(len(by_pos))],
-        ax=ax,
-        ylabel="attribution",
-        title="MLPs (summed) per position (claim 12)",
-    )
-    ax.axvspan(
-        len(by_pos) - 3.5,
-        len(by_pos) - 0.5,
-        color="tab:green",
-        alpha=0.12,
-        label="paper: > 0 at the last positions",
-    )
-    ax.legend(loc="upper left", frameon=False)
-    figs["mlp_attribution"] = fig
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
-    panels = (
-        (d["ov_example"], "d_model: a residual vector", "paper (R² 0.83)", "x_d", "(x OV)_d"),
-        (d["ov_random_example"], "d_model: a random vector", "paper (R² 0.60)", "x_d", "(x OV)_d"),
-        (d["full_ov_example"], "input→output: W_E ΣOV W_U", "paper", "a_i", "(a W_E ΣOV W_U)_i"),
-    )
-    for ax, ((x, y), title, ref, xlabel, ylabel) in zip(axes, panels, strict=True):
-        fit = fit_line(x, y)
-        plot.plot_fit(
-            x,
-            y,
-            slope=float(fit.slope),
-            intercept=float(fit.intercept),
-            r2=float(fit.r2),
+    def attribution() -> Any:
+        labels, values = d["attribution"]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(labels)), 3.6), layout="constrained")
+        plot.plot_attribution(
+            torch.tensor(values),
+            labels,
             ax=ax,
-            title=f"layer-0 OV, {title}",
-            xlabel=xlabel,
-            ylabel=ylabel,
-            reference=(2.1, 2.5),
-            reference_label=ref,
+            ylabel="⟨LN(c) W_U, a_{m+1}⟩",
+            title="direct attribution per head and MLP (claim 5)",
         )
-        ax.legend(fontsize=8, loc="upper left")
-    figs["ov_linearity"] = fig
+        for ell, sign in enumerate(("paper: +", "paper: ~0", "paper: -")[:n_layers]):
+            ax.text(
+                ell * n_heads + (n_heads - 1) / 2,
+                1.0,
+                sign,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=9,
+                color="0.3",
+            )
+        return fig
 
-    ov, qk = d["eigen"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-    plot.plot_eigenvalue_scores(
-        ov, circuit="OV", ax=axes[0], title="OV eigenvalue scores (paper: layer 2 < 0)"
-    )
-    plot.plot_eigenvalue_scores(
-        qk, circuit="QK", ax=axes[1], title="QK eigenvalue scores (paper: layer 2 ~ +I)"
-    )
-    figs["eigenvalue_scores"] = fig
-
-    heads_mse, base = d["ablation"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-    names = [f"L1H{h}" for h in range(n_heads)] + ["all L1"]
-    ax1.bar(names, [*heads_mse, v["ablate_joint"] * base / v["mse"]], color="tab:blue")
-    ax1.set_yscale("log")
-    ax1.axhline(base, color="black", lw=1, label=f"unablated {base:.1e}")
-    ax1.axhline(2 * base, color="tab:red", ls="--", lw=1, label="paper: 2x (1e-4 -> 2e-4)")
-    ax1.set_title("claim 9: mean-ablating layer-1 heads")
-    ax1.set_ylabel("eval MSE")
-    ax1.legend(fontsize=8)
-    alt = v["qk_alt"]
-    keys = ["seed+1", "top", "all", "matched", "uniform"]
-    ax2.bar(
-        ["heads 0-4", *keys],
-        [v["qk_patch"] / v["mse"]] + [alt[k] / v["sweep_base"] for k in keys],
-        color="tab:blue",
-    )
-    ax2.axhline(1.0, color="tab:red", ls="--", lw=1, label="paper: unchanged (x1)")
-    ax2.set_title("claim 11: pseudoinverse QK patch of layer 2")
-    ax2.set_ylabel("MSE / unpatched MSE")
-    ax2.legend(fontsize=8)
-    figs["ablation_and_patch"] = fig
-
-    lens = d["lens"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
-    last = batch.length - 1
-    for ax, (name, which) in zip(axes, kinds, strict=True):
-        idx = int(which.nonzero()[0]) if bool(which.any()) else 0
-        plot.plot_residual_vs_target(
-            lens[idx, last],
-            batch.targets[idx, last],
+    def mlp_attribution() -> Any:
+        by_pos = v["mlp_by_pos"]
+        fig, ax = plt.subplots(figsize=(6, 3.4), layout="constrained")
+        plot.plot_attribution(
+            torch.tensor(by_pos),
+            [str(p) for p in range(len(by_pos))],
             ax=ax,
-            title=f"{name.replace('_', '-')} (c = {float(batch.c[idx]):+.2f}), last position",
-            labels=("after layer 0 through W_U", "target a_{n+1}"),
+            ylabel="attribution",
+            title="MLPs (summed) per position (claim 12)",
         )
-        paper = batch.inputs[idx, last] + PAPER_ALPHA * batch.inputs[idx, last - 1]
-        ax.plot(paper.tolist(), color="tab:green", lw=1, label="paper: a_n + 2.3 a_{n-1}")
-        legend = ax.get_legend()
-        if legend is not None:
-            legend.remove()
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=3, frameon=False)
-    figs["residual_vs_target"] = fig
+        ax.axvspan(
+            len(by_pos) - 3.5,
+            len(by_pos) - 0.5,
+            color="tab:green",
+            alpha=0.12,
+            label="paper: > 0 at the last positions",
+        )
+        ax.legend(loc="upper left", frameon=False)
+        return fig
 
-    if history is not None and history.get("steps"):
+    def ov_linearity() -> Any:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
+        panels = (
+            (d["ov_example"], "d_model: a residual vector", "paper (R² 0.83)", "x_d", "(x OV)_d"),
+            (d["ov_random_example"], "d_model: a random vector", "paper (R² 0.60)", "x_d",
+             "(x OV)_d"),
+            (d["full_ov_example"], "input→output: W_E ΣOV W_U", "paper", "a_i",
+             "(a W_E ΣOV W_U)_i"),
+        )  # fmt: skip
+        for ax, ((x, y), title, ref, xlabel, ylabel) in zip(axes, panels, strict=True):
+            fit = fit_line(x, y)
+            plot.plot_fit(
+                x,
+                y,
+                slope=float(fit.slope),
+                intercept=float(fit.intercept),
+                r2=float(fit.r2),
+                ax=ax,
+                title=f"layer-0 OV, {title}",
+                xlabel=xlabel,
+                ylabel=ylabel,
+                reference=(2.1, 2.5),
+                reference_label=ref,
+            )
+            ax.legend(fontsize=8, loc="upper left")
+        return fig
+
+    def eigenvalue_scores() -> Any:
+        ov, qk = d["eigen"]
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+        plot.plot_eigenvalue_scores(
+            ov, circuit="OV", ax=axes[0], title="OV eigenvalue scores (paper: layer 2 < 0)"
+        )
+        plot.plot_eigenvalue_scores(
+            qk, circuit="QK", ax=axes[1], title="QK eigenvalue scores (paper: layer 2 ~ +I)"
+        )
+        return fig
+
+    def ablation_and_patch() -> Any:
+        heads_mse, base = d["ablation"]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+        names = [f"L1H{h}" for h in range(n_heads)] + ["all L1"]
+        ax1.bar(names, [*heads_mse, v["ablate_joint"] * base / v["mse"]], color="tab:blue")
+        ax1.set_yscale("log")
+        ax1.axhline(base, color="black", lw=1, label=f"unablated {base:.1e}")
+        ax1.axhline(2 * base, color="tab:red", ls="--", lw=1, label="paper: 2x (1e-4 -> 2e-4)")
+        ax1.set_title("claim 9: mean-ablating layer-1 heads")
+        ax1.set_ylabel("eval MSE")
+        ax1.legend(fontsize=8)
+        alt = v["qk_alt"]
+        keys = ["seed+1", "top", "all", "matched", "uniform"]
+        ax2.bar(
+            ["heads 0-4", *keys],
+            [v["qk_patch"] / v["mse"]] + [alt[k] / v["sweep_base"] for k in keys],
+            color="tab:blue",
+        )
+        ax2.axhline(1.0, color="tab:red", ls="--", lw=1, label="paper: unchanged (x1)")
+        ax2.set_title("claim 11: pseudoinverse QK patch of layer 2")
+        ax2.set_ylabel("MSE / unpatched MSE")
+        ax2.legend(fontsize=8)
+        return fig
+
+    def residual_vs_target() -> Any:
+        lens = d["lens"]
+        fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
+        last = batch.length - 1
+        for ax, (name, which) in zip(axes, kinds, strict=True):
+            idx = int(which.nonzero()[0]) if bool(which.any()) else 0
+            plot.plot_residual_vs_target(
+                lens[idx, last],
+                batch.targets[idx, last],
+                ax=ax,
+                title=f"{name.replace('_', '-')} (c = {float(batch.c[idx]):+.2f}), last position",
+                labels=("after layer 0 through W_U", "target a_{n+1}"),
+            )
+            paper = batch.inputs[idx, last] + PAPER_ALPHA * batch.inputs[idx, last - 1]
+            ax.plot(paper.tolist(), color="tab:green", lw=1, label="paper: a_n + 2.3 a_{n-1}")
+            legend = ax.get_legend()
+            if legend is not None:
+                legend.remove()
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside lower center", ncol=3, frameon=False)
+        return fig
+
+    def loss() -> Any:
+        assert history is not None
         fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
         plot.plot_loss(
             history["steps"],
@@ -202,5 +220,19 @@ def claim_figures(result: ClaimsResult, *, history: dict[str, Any] | None = None
             reference=1e-4,
             reference_label="paper",
         )
-        figs["loss"] = fig
-    return figs
+        return fig
+
+    makers: dict[str, Callable[[], Any]] = {
+        f"attention_{name}": partial(attention, name, which) for name, which in kinds
+    }
+    makers.update(
+        attribution=attribution,
+        mlp_attribution=mlp_attribution,
+        ov_linearity=ov_linearity,
+        eigenvalue_scores=eigenvalue_scores,
+        ablation_and_patch=ablation_and_patch,
+        residual_vs_target=residual_vs_target,
+    )
+    if history is not None and history.get("steps"):
+        makers["loss"] = loss
+    return makers if lazy else {name: make() for name, make in makers.items()}
