@@ -18,14 +18,12 @@ Run: python benchmarks/distributed.py [--steps 30] [--warmup 5] [--batches 16 12
 import argparse
 import json
 import os
-import socket
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import launch, set_torchrun_env
 
 import vecinterp as vi
 from vecinterp.tasks import affine_recurrence as ar
@@ -33,17 +31,10 @@ from vecinterp.tasks import affine_recurrence as ar
 LENGTH = 14
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_worker(rank: int, world: int, port: int, batch: int, args, threads: int, out: Path):
     torch.set_num_threads(threads)
     if world > 1:  # what torchrun sets: vi.train initialises the group and destroys it
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # fmt: skip
+        set_torchrun_env(rank, world, port)
     model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS))
     stamps: list[float] = []
 
@@ -72,18 +63,6 @@ def comm_worker(rank: int, world: int, port: int, numel: int, out: Path):
     dist.destroy_process_group()
     if rank == 0:
         (out / "comm").write_text(json.dumps(times))
-
-
-def launch(fn, world: int, *args) -> Path:
-    """Run ``fn`` on ``world`` processes forked from a clean server that imported torch,
-    DDP's dependencies and this script once (not from this process, whose OpenMP threads
-    a fork would inherit locked)."""
-    out = Path(tempfile.mkdtemp())
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch._dynamo", "__main__"])
-    mp.start_processes(fn, args=(world, free_port(), *args, out), nprocs=world,
-                       start_method="forkserver")  # fmt: skip
-    return out
 
 
 def main() -> None:

@@ -39,31 +39,22 @@ cores or GPUs (up to 2x here, 5/3 for K = 5) is not measured on this VM.
 import argparse
 import json
 import os
-import socket
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import launch, set_torchrun_env
 
 import vecinterp as vi
 from vecinterp.tasks import retrieval as R
 from vecinterp.tasks.retrieval_claims import FULL, model_config
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_worker(rank: int, world: int, port: int, k: int, args, threads: int, out: Path):
     torch.set_num_threads(threads)
     if world > 1:  # what torchrun sets: train_ensemble initialises the group and destroys it
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # fmt: skip
+        set_torchrun_env(rank, world, port)
     s = FULL
     cfg = model_config(s, ic=True)
     models = [vi.HookedVectorTransformer(cfg, seed=i) for i in range(k)]
@@ -97,17 +88,6 @@ def comm_worker(rank: int, world: int, port: int, k: int, out: Path):
     dist.destroy_process_group()
     if rank == 0:
         (out / "comm").write_text(json.dumps(elapsed))
-
-
-def launch(fn, world: int, *args) -> Path:
-    """Run ``fn`` on ``world`` processes forked from a clean server that imported torch,
-    torch._dynamo (AdamW's constructor imports it) and this script once."""
-    out = Path(tempfile.mkdtemp())
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch._dynamo", "__main__"])
-    mp.start_processes(fn, args=(world, free_port(), *args, out), nprocs=world,
-                       start_method="forkserver")  # fmt: skip
-    return out
 
 
 def main() -> None:
