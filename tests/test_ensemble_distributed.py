@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 import vecinterp as vi
 from helpers import random_model, tiny_cfg
 from two_ranks import (
+    assert_rank_1_failure_stopped_every_rank,
     attempt,
     init_group,
     launch,
@@ -333,16 +334,7 @@ def test_rank_0_alone_shows_progress_and_calls_back_with_every_member(ranks):
 
 def test_a_failure_on_one_rank_stops_every_rank_naming_it(ranks):
     """Member 3's data raise at step 5 on rank 1; rank 0 stops at the same step."""
-    own = ranks[1]["failed"]["error"]
-    assert own["type"] == "KeyError" and "no batch 5 here" in own["message"]
-    if sys.version_info >= (3, 11):  # exceptions carry notes
-        note = "vecinterp.train_ensemble: raised on rank 1 of 2 at step 5; every rank stopped"
-        assert own["notes"] == [note]
-    other = ranks[0]["failed"]["error"]
-    assert other["type"] == "RankFailedError" and other["rank"] == 1
-    assert other["message"] == (
-        "rank 1 of 2 failed at step 5 (KeyError: 'no batch 5 here'); every rank stopped"
-    )
+    assert_rank_1_failure_stopped_every_rank(ranks, "vecinterp.train_ensemble", step=5)
 
 
 def test_errors_name_the_member_by_its_index_in_the_ensemble(ranks):

@@ -7,6 +7,7 @@ import datetime
 import faulthandler
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +95,18 @@ def attempt(fn: Callable[[], Any]) -> dict:
         return {"ok": fn()}
     except Exception as err:  # the tests read what each rank raised
         return {"error": failure(err)}
+
+
+def assert_rank_1_failure_stopped_every_rank(ranks: list[dict], caller: str, step: int) -> None:
+    """Rank 1's data raised ``KeyError('no batch {step} here')`` at ``step``: rank 1
+    re-raises it with a note naming itself, rank 0 raises RankFailedError naming rank 1."""
+    own = ranks[1]["failed"]["error"]
+    assert own["type"] == "KeyError" and f"no batch {step} here" in own["message"]
+    if sys.version_info >= (3, 11):  # exceptions carry notes
+        note = f"{caller}: raised on rank 1 of 2 at step {step}; every rank stopped"
+        assert own["notes"] == [note]
+    other = ranks[0]["failed"]["error"]
+    assert other["type"] == "RankFailedError" and other["rank"] == 1
+    assert other["message"] == (
+        f"rank 1 of 2 failed at step {step} (KeyError: 'no batch {step} here'); every rank stopped"
+    )
