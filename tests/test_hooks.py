@@ -266,6 +266,39 @@ def test_hook_point_without_hooks_returns_its_input_object():
     assert hp(x) is x  # a hook returning None keeps the activation
 
 
+def test_pytorch_module_hooks_on_a_hook_point_still_fire():
+    # HookPoint.__call__ skips nn.Module's dispatch only when nothing at all is attached
+    model = random_model(tiny_cfg())
+    x = random_input(model.cfg, batch=2)
+    clean = model(x)
+    point = model.blocks[0].hook_attn_out
+    seen: list[str] = []
+    handles = [
+        point.register_forward_pre_hook(lambda mod, args: seen.append("pre")),
+        point.register_forward_hook(lambda mod, args, out: out * 2),
+    ]
+    doubled = model(x)
+    assert seen == ["pre"]
+    assert not torch.equal(doubled, clean)
+    for h in handles:
+        h.remove()
+    assert torch.equal(model(x), clean)
+    grads: list[torch.Tensor] = []
+    h = point.register_full_backward_hook(lambda mod, gin, gout: grads.append(gout[0]))
+    model(x.requires_grad_(True)).sum().backward()
+    h.remove()
+    assert len(grads) == 1 and grads[0].shape == (2, x.shape[1], model.cfg.d_model)
+    calls: list[str] = []
+    g = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: calls.append(type(mod).__name__)
+    )
+    try:
+        model(x.detach())
+    finally:
+        g.remove()
+    assert calls.count("HookPoint") == len(model.hook_dict)
+
+
 # -- adding and removing hooks --------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 
 HookFn = Callable[..., Any]
 """A hook is called as ``fn(activation, hook=hook_point)``. A forward hook may return a
@@ -170,6 +171,23 @@ class HookPoint(nn.Module):
         """Whether any forward or backward hook is attached (by any thread)."""
         return bool(self._fwd or self._bwd)
 
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward(x)``, without ``nn.Module.__call__``'s dispatch when nothing is
+        attached: a model calls ~20 hook points per block, and on a launch-bound GPU (or
+        any small batch) that dispatch was a tenth of a forward pass. PyTorch's own module
+        hooks (``register_forward_hook`` and the global ones) still go through it."""
+        if (
+            self._fwd
+            or self._bwd
+            or self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or _torch_module_hooks()
+        ):
+            return super().__call__(x)  # type: ignore[no-any-return]
+        return x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self._fwd or self._bwd):
             return x
@@ -198,6 +216,17 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
+
+
+def _torch_module_hooks() -> bool:
+    """Whether PyTorch's global module hooks are set (``register_module_forward_hook``
+    and its kin), which apply to every module's call, hook points included."""
+    return bool(
+        _module._global_forward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks
+        or _module._global_backward_pre_hooks
+    )
 
 
 def _visible(handles: list[HookHandle]) -> Iterator[HookHandle]:
