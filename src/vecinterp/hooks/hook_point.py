@@ -185,7 +185,7 @@ class HookPoint(nn.Module):
             or self._backward_pre_hooks
             or _torch_module_hooks()
         ):
-            return super().__call__(x)  # type: ignore[no-any-return]
+            return super().__call__(x)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
