@@ -176,17 +176,9 @@ class HookPoint(nn.Module):
         attached: a model calls ~20 hook points per block, and on a launch-bound GPU (or
         any small batch) that dispatch was a tenth of a forward pass. PyTorch's own module
         hooks (``register_forward_hook`` and the global ones) still go through it."""
-        if (
-            self._fwd
-            or self._bwd
-            or self._forward_hooks
-            or self._forward_pre_hooks
-            or self._backward_hooks
-            or self._backward_pre_hooks
-            or _torch_module_hooks()
-        ):
-            return super().__call__(x)
-        return x
+        if idle(self):
+            return x
+        return super().__call__(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self._fwd or self._bwd):
@@ -216,6 +208,28 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
+
+
+def idle(*points: "HookPoint") -> bool:
+    """Whether nothing at all watches any of ``points``: no hook of ours (any thread's),
+    no PyTorch module hook on them, no global PyTorch module hook and no
+    ``run_with_cache`` recording in this thread. A component may then skip calling them
+    and building the views it would show them (``Attention`` does).
+
+    Anything new that lets a point see activations must make this return False."""
+    if getattr(_RECORDER, "current", None) is not None:
+        return False
+    for p in points:
+        if (
+            p._fwd
+            or p._bwd
+            or p._forward_hooks
+            or p._forward_pre_hooks
+            or p._backward_hooks
+            or p._backward_pre_hooks
+        ):
+            return False
+    return not _torch_module_hooks()
 
 
 def _torch_module_hooks() -> bool:
