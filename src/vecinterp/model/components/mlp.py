@@ -9,7 +9,6 @@ from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
-from ..contract import contract
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
@@ -40,10 +39,10 @@ class MLP(nn.Module):
     def forward(
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
-        pre = self.hook_pre(
-            contract("batch pos d_model, d_model d_mlp -> batch pos d_mlp", x, self.W_in, self.b_in)
-        )
-        post = self.hook_post(self.act_fn(pre))
-        return contract(
-            "batch pos d_mlp, d_mlp d_model -> batch pos d_model", post, self.W_out, self.b_out
-        )
+        # what contract("batch pos d_model, d_model d_mlp -> batch pos d_mlp", ...) runs
+        # (one addmm on the flattened rows), without its per-call bookkeeping
+        batch, n_pos, d_model = x.shape
+        pre = torch.addmm(self.b_in, x.reshape(-1, d_model), self.W_in)
+        post = self.hook_post(self.act_fn(self.hook_pre(pre.view(batch, n_pos, -1))))
+        out = torch.addmm(self.b_out, post.reshape(batch * n_pos, -1), self.W_out)
+        return out.view(batch, n_pos, d_model)
