@@ -25,8 +25,13 @@ members in <= 2x the time of one). On a CPU the matrix products of one model alr
 a core busy: batching does the same arithmetic in fewer, larger calls, so expect a ratio
 near 1 (a little above where per-op overhead matters, below with padding).
 
+``--sync-every`` (default 50, both ways) is how often the losses are read on the host
+(``vi.train``'s and ``vi.train_ensemble``'s ``sync_every``): 1 waits for the device after
+every step. On a CPU it changes nothing measurable; on a GPU it lets the host queue the
+next steps while the device computes.
+
 Run: python benchmarks/ensemble.py [--device cpu|cuda] [--ks 1 4 16] [--steps 3]
-     [--rounds 2] [--threads 1] [--tasks retrieval affine affine-mixed]
+     [--rounds 2] [--threads 1] [--tasks retrieval affine affine-mixed] [--sync-every 50]
 (the default tasks are retrieval and affine: about 3 minutes on a loaded 2-core VM)
 """
 
@@ -75,10 +80,12 @@ def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, float, An
     return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
-def measure(name: str, k: int, steps: int, rounds: int, device: torch.device) -> dict:
+def measure(
+    name: str, k: int, steps: int, rounds: int, device: torch.device, sync_every: int = 50
+) -> dict:
     cfg, make_batch, recipe = task(name)
     models = [vi.HookedVectorTransformer(cfg, seed=s, device=device) for s in range(k)]
-    common = dict(steps=steps, progress=False, device=device, **recipe)
+    common = dict(steps=steps, progress=False, device=device, sync_every=sync_every, **recipe)
 
     def ensemble() -> list:
         return vi.train_ensemble(models, make_batch, seed=range(k), **common).models
@@ -115,6 +122,7 @@ def main() -> None:
         "--tasks", nargs="+", default=["retrieval", "affine"],
         choices=["retrieval", "affine", "affine-mixed"],
     )  # fmt: skip
+    parser.add_argument("--sync-every", type=int, default=50)
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -123,7 +131,7 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads, "
         f"{platform.processor() or platform.machine()}, {args.steps} steps, best of "
-        f"{args.rounds} rounds"
+        f"{args.rounds} rounds, sync_every={args.sync_every}"
     )
     # warm-up: the first optimizer built imports torch's compiler stack (seconds)
     cfg, make_batch, recipe = task("retrieval")
@@ -136,7 +144,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.tasks:
         for k in args.ks:
-            r = measure(name, k, args.steps, args.rounds, device)
+            r = measure(name, k, args.steps, args.rounds, device, args.sync_every)
             print(
                 f"| {name} | {k} | {r['e_wall']:.2f} | {r['s_wall']:.2f} | {r['e_cpu']:.2f} "
                 f"| {r['s_cpu']:.2f} | {r['e_rate']:.1f} | {r['s_rate']:.1f} "

@@ -127,18 +127,27 @@ def detach(net: HookedVectorTransformer, optimizer: torch.optim.Optimizer | None
                 per_param[key] = per_param[key].clone()
 
 
-def hold(tensors: list[torch.Tensor], frozen: list[int]) -> list[torch.Tensor]:
-    """Copies of the frozen members' slices of ``tensors`` (see :func:`put_back`)."""
-    if not frozen:
+def frozen_index(frozen: list[int], device: torch.device) -> torch.Tensor | None:
+    """The frozen members' indices as a tensor on ``device`` for :func:`hold` and
+    :func:`put_back` (``None`` if none is frozen). Made once each time the set changes, not
+    at every step: on a GPU, a tensor made from a Python list is a copy that waits for the
+    device."""
+    return torch.tensor(frozen, device=device) if frozen else None
+
+
+def hold(tensors: list[torch.Tensor], index: torch.Tensor | None) -> list[torch.Tensor]:
+    """Copies of the frozen members' slices of ``tensors`` (``index``: from
+    :func:`frozen_index`; see :func:`put_back`)."""
+    if index is None:
         return []
-    index = torch.tensor(frozen, device=tensors[0].device)
     return [t.detach().index_select(0, index) for t in tensors]
 
 
-def put_back(tensors: list[torch.Tensor], frozen: list[int], kept: list[torch.Tensor]) -> None:
+def put_back(
+    tensors: list[torch.Tensor], index: torch.Tensor | None, kept: list[torch.Tensor]
+) -> None:
     """Restore the frozen members' slices that :func:`hold` copied."""
-    if frozen:
-        index = torch.tensor(frozen, device=tensors[0].device)
+    if index is not None:
         for t, saved in zip(tensors, kept, strict=True):
             t.detach().index_copy_(0, index, saved)
 

@@ -5,10 +5,14 @@ computation, and the per-member gradient clipping and AdamW step.
 Every function here is the math of one model done for K at once: a member's slice of each
 result is what :class:`~vecinterp.HookedVectorTransformer`, ``clip_grad_norm_`` and
 ``torch.optim.AdamW`` compute for that member alone, up to the rounding of a different
-summation order. The forward pass has no hook points.
+summation order, and does not depend on the other members' slices (a NaN in one member's
+weights stays in its slice). The forward pass has no hook points. Nothing here reads a
+value back from the device: a training step queues its work and returns.
 """
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,7 +22,7 @@ from ..model.components.mlp import ACTIVATIONS
 from ..model.components.rotary import Rotary
 from ..model.config import VectorTransformerConfig
 from ..model.transformer import HookedVectorTransformer
-from .data import Tensors
+from .data import Tensors, _move
 
 
 def stack_weights(
@@ -47,9 +51,11 @@ def alias(net: nn.Module, stacked: dict[str, torch.Tensor], member: int) -> None
 
 def stack_batches(
     cfg: VectorTransformerConfig, batches: list[Tensors], where: list[str]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The members' batches (on the model's device and dtype) stacked: ``inputs [K, batch,
-    pos, d_in]``, ``targets [K, batch, pos, d_out]``, ``loss_mask [K, batch, pos]``.
+    pos, d_in]``, ``targets [K, batch, pos, d_out]``, ``loss_mask [K, batch, pos]``, and
+    whether each member's inputs are all finite (``[K]`` bool, on the device: not read
+    here, so that a step does not wait for the device).
 
     Batches of fewer sequences or positions than the largest are padded with zeros and
     ``loss_mask`` False, which changes no member's loss or gradient: a padded sequence is
@@ -57,8 +63,8 @@ def stack_batches(
     after them. A non-causal model's would, so its members' batches must share a length.
 
     Refuses, naming the member and its batch (``where``): inputs or targets of the wrong
-    shape, a bad ``loss_mask``, NaN/inf inputs (one check of the stack: one device sync
-    per step)."""
+    shape, a bad ``loss_mask`` (all checked on the host, without reading the device). NaN/inf
+    inputs are the caller's to refuse, from the flags (:func:`member_inputs_error`)."""
     for i, (x, t, _) in enumerate(batches):
         if (
             x.dim() != 3
@@ -96,14 +102,14 @@ def stack_batches(
         except (TypeError, ValueError) as err:
             raise type(err)(f"member {i}: {where[i]}: {err}") from None
         masks[i, : x.shape[0], : x.shape[1]] = used
-    if not bool(torch.isfinite(inputs).all()):
-        for i, x in enumerate(inputs):
-            if not bool(torch.isfinite(x).all()):
-                at = (~torch.isfinite(batches[i][0])).nonzero()[0].tolist()
-                raise ValueError(
-                    f"member {i}: {where[i]}: inputs contain NaN or inf (first at index {at})"
-                )
-    return inputs, targets, masks
+    return inputs, targets, masks, torch.isfinite(inputs).flatten(1).all(1)
+
+
+def member_inputs_error(member: int, inputs: torch.Tensor, where: str) -> ValueError:
+    """The error for member ``member``'s batch (``where``) whose ``inputs`` hold NaN or
+    inf, naming the first bad index (this reads the device)."""
+    at = (~torch.isfinite(inputs)).nonzero()[0].tolist()
+    return ValueError(f"member {member}: {where}: inputs contain NaN or inf (first at index {at})")
 
 
 def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -151,7 +157,7 @@ def forward(
     if "pos_embed.W_pos" in p:
         pos = p["pos_embed.W_pos"][:, None, :n_pos]
         resid = (resid.view(k, batch, n_pos, d) + pos).view(k, rows, d)
-    rotary = Rotary(cfg) if cfg.positional == "rotary" else None
+    rotary = _rotary(cfg, x.device) if cfg.positional == "rotary" else None
     mask = torch.full((n_pos, n_pos), -math.inf, dtype=x.dtype, device=x.device).triu(1)
     for layer in range(cfg.n_layers):
         a = f"blocks.{layer}."
@@ -180,6 +186,38 @@ def forward(
             resid = resid + _lin(hidden, p[a + "mlp.W_out"], p[a + "mlp.b_out"])
     resid = _norm(cfg, resid, p.get("ln_final.w"), p.get("ln_final.b"))
     return _lin(resid, p["unembed.W_U"], p["unembed.b_U"]).view(k, batch, n_pos, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _rotary(cfg: VectorTransformerConfig, device: torch.device) -> Rotary:
+    """The rotary encoding of ``cfg`` with its frequencies already on ``device``: made
+    per call, its table would be copied from the host at every step (on a GPU, a copy from
+    pageable memory that waits for the device)."""
+    rotary = Rotary(cfg)
+    rotary.inv_freq = rotary.inv_freq.to(device)
+    return rotary
+
+
+def losses_and_grads(
+    cfg: VectorTransformerConfig,
+    p: dict[str, torch.Tensor],
+    leaves: list[torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    grad_clip: float | None,
+    check: Callable[[torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """One step's batched pass: each member's masked MSE ``[K]``, the gradients of their
+    sum with respect to ``leaves`` (the stacked parameters in ``p``; member ``i``'s slice
+    is member ``i``'s own gradient), clipped per member to ``grad_clip``, and each member's
+    gradient norm before clipping ``[K]``. ``check(out)`` sees the outputs first."""
+    out = forward(cfg, p, inputs)
+    if check is not None:
+        check(out)
+    losses = masked_losses(out, targets, mask)
+    grads = list(torch.autograd.grad(losses.sum(), leaves))
+    return losses, grads, clip_per_member(grads, grad_clip)
 
 
 def masked_losses(out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -235,7 +273,9 @@ def adamw_step(
     members: dict[float, list[int]] = {}
     for i, lr in enumerate(lrs):
         members.setdefault(lr, []).append(i)
-    count = torch.tensor(float(step), dtype=torch.float32, device=params[0].device)
+    # filled on the device: torch.tensor(step, device=...) would copy from the host, on a
+    # GPU a copy that waits for every queued kernel
+    count = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
     # the kernel walks memory in order: a strided gradient (autograd.grad returns some,
     # e.g. through a permute) would be read in the wrong order
     grads = [g.contiguous() for g in grads]
@@ -281,7 +321,7 @@ def _foreach_adamw(
     eps: float,
 ) -> None:
     beta1, beta2 = betas
-    rates = torch.tensor(lrs, dtype=torch.float64).to(params[0].device, params[0].dtype)
+    rates = _move(torch.tensor(lrs, dtype=torch.float64), params[0].device, params[0].dtype)
     decay = [(1.0 - rates * weight_decay).view(_member_shape(p)) for p in params]
     size = [(rates / (1.0 - beta1**step)).view(_member_shape(p)) for p in params]
     torch._foreach_mul_(params, decay)

@@ -24,21 +24,14 @@ from ..model.transformer import HookedVectorTransformer
 from . import _ensemble_checkpoint as ck
 from ._ensemble_distributed import Crew
 from ._ensemble_setup import check_forward, check_models, member_data, per_member
-from ._stacked import (
-    adamw_step,
-    alias,
-    clip_per_member,
-    forward,
-    masked_losses,
-    stack_batches,
-    stack_weights,
-)
+from ._pending import MemberSteps, all_diverged, member_error
+from ._stacked import adamw_step, alias, losses_and_grads, stack_batches, stack_weights
 from .checkpoint import own_directory, remove_partial
-from .data import non_finite_targets, to_model
+from .data import to_model
 from .distributed import join_ranks
 from .loop import Data, _adamw, _update_average
 from .result import TrainHistory, TrainingDivergedError, TrainResult
-from .schedule import check_schedule, lr_at
+from .schedule import check_int, check_schedule, lr_at
 from .setup import check_args, check_ema, make_eval, make_source
 
 ON_DIVERGENCE = ("freeze", "raise")
@@ -130,6 +123,7 @@ def train_ensemble(
     log_every: int = 50,
     callback: Callable[[int, list[dict[str, float]]], Any] | None = None,
     on_divergence: str = "freeze",
+    sync_every: int = 50,
 ) -> EnsembleResult:
     """Train K models of one config at once, as one batched computation: K times
     :func:`vecinterp.train`.
@@ -153,6 +147,24 @@ def train_ensemble(
     30-update runs of the retrieval models (``benchmarks/ensemble.py``).
 
     On the first step the batched forward is checked against member 0's own forward.
+
+    Host syncs, as in :func:`vecinterp.train`: each step's losses, gradient norms, numbers
+    of scored positions and input checks stay on the device and are read in one transfer
+    every ``sync_every`` steps, so that on a GPU the host queues the next steps while the
+    device computes. They are also read before every evaluation, checkpoint and
+    ``callback`` call (so with a callback, every step), at every ``log_every`` steps while
+    the bar is shown, and after the last step; the first step reads the device a few times
+    more (its input check, the forward check). Each member's first bad value is named as
+    a read after every step would name it. With ``on_divergence="freeze"`` a member found
+    diverged at a read has been updated by the steps since its bad one; it is put back to
+    its state before that step by replaying them from a copy of the members' weights,
+    AdamW moments and weight average taken at the start of each window of steps between
+    two reads (one more copy of that state in memory, refreshed once a window; the replay
+    runs only when a member diverged). The weights, histories and checkpoints do not depend
+    on ``sync_every`` (bit for bit, in the tests); ``wall_time`` is the host's clock when a
+    step was queued. Under ``torchrun`` every step is read: the ranks' check at the end of
+    each step exchanges every member's loss, so a window without reads would need another
+    exchange across the ranks.
 
     Across ranks: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
     initialised with N > 1 ranks), every rank runs this same call and trains a contiguous
@@ -198,6 +210,9 @@ def train_ensemble(
       ``vi.train`` does. Whatever the setting, the error is raised, naming the member,
       when every member has diverged, when the data are to blame (NaN/inf targets) and for
       a non-finite evaluation loss (found after an update, so no good state is left).
+    - ``sync_every``: read the members' values on the host at least every this many steps
+      (>= 1; see "Host syncs" above). ``1`` reads each step before its update. Under
+      ``torchrun``, every step is read.
 
     Checkpoints: ``checkpoint_dir/member_003/step_00000500/`` is member 3's
     :func:`vecinterp.train` checkpoint after 500 updates (its config, optimizer state,
@@ -245,6 +260,7 @@ def train_ensemble(
         check_schedule(lr=lr_i, steps=steps, warmup_steps=warmup_steps, schedule=schedule,
                        min_lr=min_lr)  # fmt: skip
     check_ema(ema_decay, ema_start, steps)
+    check_int("sync_every", sync_every, minimum=1)
     if on_divergence not in ON_DIVERGENCE:
         raise ValueError(f"on_divergence must be one of {ON_DIVERGENCE}, got {on_divergence!r}")
     sources = [make_source(d, s) for d, s in zip(member_data(data, k), seeds, strict=True)]
@@ -338,25 +354,67 @@ def train_ensemble(
         def active() -> list[int]:
             return [j for j in range(n) if diverged[j] is None]
 
-        def fail(i: int, err: TrainingDivergedError) -> TrainingDivergedError:
-            err.args = (f"ensemble member {i}: {err.args[0]}",)
-            return err
-
         def evaluate_at(done: int, metrics: list[dict[str, float]]) -> None:
             assert run_eval is not None
             for j in active():
                 value = run_eval(nets[j] if averages is None else averages[j])
                 if not math.isfinite(value):
-                    raise fail(
+                    raise member_error(
                         first + j, TrainingDivergedError(done, "eval loss", value, checkpoints[j])
                     )
                 histories[j].eval_steps.append(done)
                 histories[j].eval_loss.append(value)
                 metrics[j]["eval_loss"] = value
 
-        held = leaves + state.exp_avgs + state.exp_avg_sqs + averaged  # what a frozen one keeps
-        bar = tqdm(total=steps, initial=start, disable=not progress or not ranks.is_main,
-                   desc=f"train x{k}", unit="step")  # fmt: skip
+        def check_first(j: int, inputs: torch.Tensor, out: torch.Tensor) -> None:
+            with crew.renumbered():
+                check_forward(nets[j], inputs, out, j)
+
+        def due(done: int, every: int | None) -> bool:
+            return done == steps or bool(every and done % every == 0)
+
+        # what a frozen member keeps; the groups that one update changes
+        held = leaves + state.exp_avgs + state.exp_avg_sqs + averaged
+        live = (leaves, state.exp_avgs, state.exp_avg_sqs, averaged)
+
+        def advance(tensors: tuple[list[torch.Tensor], ...], grads: list[torch.Tensor],
+                    done: int, rates: list[float]) -> None:  # fmt: skip
+            """Update ``done`` (AdamW, then the weight average) of ``tensors`` (as ``live``)."""
+            params, exp_avgs, exp_avg_sqs, averages_ = tensors
+            adamw_step(params, grads, exp_avgs, exp_avg_sqs, step=done, lrs=rates,
+                       weight_decay=weight_decay, betas=(betas[0], betas[1]), eps=eps)  # fmt: skip
+            if ema_decay is not None:
+                _update_average(averages_, params, ema_decay, done > ema_start)
+
+        def recover(late: dict[int, int], snapshot: list[torch.Tensor]) -> None:
+            """Give each member of ``late`` (member: its first bad step, before this read
+            step) its state before that step: the window's steps replayed from
+            ``snapshot`` (``held`` before the window's first update) up to it. A member's
+            slice does not depend on the others', so the replay is its own computation."""
+            m = len(leaves)
+            copy = [t.requires_grad_(i < m) for i, t in enumerate(snapshot)]
+            tensors = (copy[:m], copy[m : 2 * m], copy[2 * m : 3 * m], copy[3 * m :])
+            for s in pending.steps:
+                with torch.no_grad():
+                    for j in [j for j, bad in late.items() if bad == s.step]:
+                        for t, c in zip(held, copy, strict=True):
+                            t.detach()[j].copy_(c.detach()[j])
+                if s.step == max(late.values()):
+                    return
+                inputs, targets, mask, _ = stack_batches(cfg, s.batches, s.where)
+                p = {**stacked, **dict(zip(names, tensors[0], strict=True))}
+                _, grads, _ = losses_and_grads(cfg, p, tensors[0], inputs, targets, mask,
+                                               grad_clip)  # fmt: skip
+                advance(tensors, grads, s.step + 1, s.rates)
+
+        shown = progress and ranks.is_main
+        bar = tqdm(total=steps, initial=start, disable=not shown, desc=f"train x{k}", unit="step")
+        # each step's values stay on the device until read (one transfer) every `sync` steps
+        # and wherever the host needs them; across ranks, every step's are (Crew.check)
+        sync = 1 if crew.split else sync_every
+        pending = MemberSteps(first, on_divergence, stop=not crew.split)
+        frozen = ck.frozen_index([j for j in range(n) if diverged[j] is not None], dev)
+        snapshot: list[torch.Tensor] | None = None  # held before the window's first update
         t0 = time.perf_counter() - elapsed
         try:
             if start == 0 and run_eval is not None:
@@ -367,81 +425,71 @@ def train_ensemble(
                 done = step + 1
                 metrics: list[dict[str, float]] = [{} for _ in own]
                 windows: list[float | None] = [None] * n  # running mean losses, live members
+                evaluating = run_eval is not None and due(done, eval_every)
+                saving = ckdir is not None and due(done, checkpoint_every)
+                refresh = done % log_every == 0 or done == steps
+                read = (
+                    len(pending) + 1 >= sync or evaluating or saving or done == steps
+                    or callback is not None or (shown and refresh)
+                )  # fmt: skip
                 with ranks.hold():  # an error stops every rank at the check below
-                    parts = [s.next(step) for s in sources]
-                    where = [s.where(step) for s in sources]
-                    batches = [to_model(p, dtype, dev) for p in parts]
-                    with crew.renumbered():
-                        inputs, targets, mask = stack_batches(cfg, batches, where)
-                    rates = [lr_at(step, lr=lrs[i], steps=steps, warmup_steps=warmup_steps,
-                                   schedule=schedule, min_lr=min_lr) for i in own]  # fmt: skip
-                    out = forward(cfg, stacked, inputs)
-                    if step == start and active():
+                    if not read and not pending and on_divergence == "freeze" and len(active()) > 1:
+                        # a member found diverged at this window's read returns to its
+                        # state before its bad step, replayed from here
+                        snapshot = [t.detach().clone() for t in held]
+                    try:
+                        parts = [s.next(step) for s in sources]
+                        where = [s.where(step) for s in sources]
+                        batches = [to_model(p, dtype, dev) for p in parts]
                         with crew.renumbered():
-                            check_forward(nets[active()[0]], inputs, out, active()[0])
-                    losses = masked_losses(out, targets, mask)
-                    grads = list(torch.autograd.grad(losses.sum(), leaves))
-                    norms = clip_per_member(grads, grad_clip)
-                    loss_values, norm_values, counts = torch.stack(
-                        [losses.detach(), norms.to(losses.dtype), mask.sum((1, 2)).to(losses.dtype)]
-                    ).tolist()
-                    for j in active():
-                        i = first + j
-                        if counts[j] == 0:
-                            raise ValueError(
-                                f"member {i}: {where[j]}: loss_mask selects no position"
+                            inputs, targets, mask, finite = stack_batches(cfg, batches, where)
+                        rates = [lr_at(step, lr=lrs[i], steps=steps, warmup_steps=warmup_steps,
+                                       schedule=schedule, min_lr=min_lr) for i in own]  # fmt: skip
+                        check = None
+                        if step == start and active():  # the first step reads the device
+                            pending.check_inputs(finite, batches, where)
+                            check = functools.partial(check_first, active()[0], inputs)
+                        losses, grads, norms = losses_and_grads(
+                            cfg, stacked, leaves, inputs, targets, mask, grad_clip, check
+                        )
+                        values = [losses.detach(), norms, mask.sum((1, 2)), finite]
+                        pending.add(step, rates, torch.stack([v.to(losses.dtype) for v in values]),
+                                    batches, where)  # fmt: skip
+                    except Exception:  # an earlier step of the window may have failed first
+                        pending.check_before(diverged, checkpoints)
+                        raise
+                    if read:  # before this step's update
+                        newly = pending.check(diverged, checkpoints)
+                        late = {j: bad for j, bad in newly.items() if bad < step}
+                        if late:
+                            assert snapshot is not None
+                            recover(late, snapshot)
+                        if newly:
+                            frozen = ck.frozen_index(
+                                [j for j in range(n) if diverged[j] is not None], dev
                             )
-                        err = None
-                        if not math.isfinite(loss_values[j]):
-                            cause = non_finite_targets(batches[j], where[j])
-                            err = TrainingDivergedError(
-                                step, "loss", loss_values[j], checkpoints[j], cause=cause
-                            )
-                            if cause is not None:
-                                raise fail(i, err)
-                        elif not math.isfinite(norm_values[j]):
-                            err = TrainingDivergedError(
-                                step, "gradient norm", norm_values[j], checkpoints[j]
-                            )
-                        if err is not None:
-                            if on_divergence == "raise":
-                                raise fail(i, err)
-                            diverged[j] = fail(i, err)
+                        snapshot = None
                     if active():  # else the check below stops the ensemble if no member is left
-                        frozen = [j for j in range(n) if diverged[j] is not None]
                         kept = ck.hold(held, frozen)
-                        adamw_step(leaves, grads, state.exp_avgs, state.exp_avg_sqs, step=done,
-                                   lrs=rates, weight_decay=weight_decay,
-                                   betas=(betas[0], betas[1]), eps=eps)  # fmt: skip
-                        if ema_decay is not None:
-                            _update_average(averaged, leaves, ema_decay, done > ema_start)
+                        advance(live, grads, done, rates)
                         ck.put_back(held, frozen, kept)
                     wall = time.perf_counter() - t0
-                    for j in active():
-                        state.updates[j] = done
-                        h = histories[j]
-                        h.steps.append(step)
-                        h.train_loss.append(loss_values[j])
-                        h.lr.append(rates[j])
-                        h.grad_norm.append(norm_values[j])
-                        h.wall_time.append(wall)
-                        metrics[j].update(
-                            loss=loss_values[j], lr=rates[j], grad_norm=norm_values[j]
-                        )
-                    if run_eval is not None and (
-                        done == steps or (eval_every and done % eval_every == 0)
-                    ):
-                        evaluate_at(done, metrics)
-                    refresh = done % log_every == 0 or done == steps
-                    for j in active():
-                        window = histories[j].train_loss[-log_every:]
-                        windows[j] = sum(window) / len(window) if refresh else 0.0
+                    pending.finished(wall)
+                    if read:
+                        metrics = pending.commit(histories, state.updates)
+                        if evaluating:
+                            evaluate_at(done, metrics)
+                        for j in active():
+                            window = histories[j].train_loss[-log_every:]
+                            windows[j] = sum(window) / len(window) if refresh else 0.0
+                if not read:
+                    bar.update(1)
+                    continue
                 every, means = crew.check(step, metrics, windows)  # every member's, every rank
                 if not means:  # every member of the ensemble has diverged
-                    raise _all_diverged(crew.every_divergence(diverged))
-                if ckdir is not None and (
-                    done == steps or (checkpoint_every and done % checkpoint_every == 0)
-                ):
+                    raise all_diverged(crew.every_divergence(diverged))
+                if saving:
+                    assert ckdir is not None
                     write = functools.partial(
                         ck.write_members, ckdir, done, first, k, nets, state, sources, parts,
                         rates, histories, [configs[i] for i in own], diverged, dev, averages,
@@ -496,12 +544,3 @@ def _postfix(means: list[float], k: int) -> dict:
     if len(means) < k:
         out["diverged"] = str(k - len(means))
     return out
-
-
-def _all_diverged(diverged: list[TrainingDivergedError | None]) -> TrainingDivergedError:
-    last = max((e for e in diverged if e is not None), key=lambda e: e.step)
-    when = ", ".join(
-        f"member {i} at step {e.step}" for i, e in enumerate(diverged) if e is not None
-    )
-    last.args = (f"every member of the ensemble diverged ({when}); {last.args[0]}",)
-    return last
