@@ -17,17 +17,19 @@ model reaches this module only by an import when its method is called.
 import contextlib
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
+from torch import nn
 
 from ..hooks import NameFilter
-from ..hooks.hook_point import _RECORDER, HookPoint
+from ..hooks.hook_point import _RECORDER, HookPoint, _add_all, _remove_all
 from .activation_cache import ActivationCache
-from .weights_record import _record_weights, _version
+from .weights_record import _record_weights, _version, _Weights
 
 if TYPE_CHECKING:
     from ..model import HookedVectorTransformer
@@ -66,17 +68,44 @@ def _exact_derivations(
     return out
 
 
-def _own_storage(acts: dict[str, torch.Tensor], model: "HookedVectorTransformer") -> None:
+def _own_storage(
+    acts: dict[str, torch.Tensor],
+    model: "HookedVectorTransformer",
+    record: _Weights | None = None,
+) -> None:
     """Copy, in place in ``acts``, every activation that is a view of a parameter or
     buffer of ``model`` (``hook_pos_embed`` is ``W_pos`` broadcast over the batch), so
     that a later change of the weights (in place, ``load_state_dict``) cannot reach the
-    cache. A broadcast axis stays broadcast: only the distinct values are copied."""
-    weights = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    cache. A broadcast axis stays broadcast: only the distinct values are copied.
+
+    ``record``: ``model``'s weights as they are now (:func:`_record_weights`), if the
+    caller has it; it lists every parameter and buffer, so the model's module tree need
+    not be walked again."""
+    if record is None:
+        record = _record_weights(model)
+    weights = _weight_storages(model, record)
     for name, t in acts.items():
         if t.untyped_storage().data_ptr() in weights:
             # the distinct values: one entry along each broadcast (stride-0) axis
             index = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in t.stride())
             acts[name] = t[index].clone().expand(t.shape)
+
+
+_STORAGES: "weakref.WeakKeyDictionary[nn.Module, tuple[_Weights, frozenset[int]]]"
+_STORAGES = weakref.WeakKeyDictionary()
+
+
+def _weight_storages(model: nn.Module, record: _Weights) -> frozenset[int]:
+    """The storage addresses of the tensors ``record`` (``model``'s weights) lists, kept
+    with the model's last record. :func:`_record_weights` hands out the same record only
+    while every tensor in it is the same object at the same address with the same version
+    counter, so its storages are the same too."""
+    entry = _STORAGES.get(model)
+    if entry is not None and entry[0] is record:
+        return entry[1]
+    storages = frozenset(row[3].untyped_storage().data_ptr() for row in record.tensors)
+    _STORAGES[model] = (record, storages)
+    return storages
 
 
 def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
@@ -86,8 +115,38 @@ def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
     return frozenset(
         name
         for name, point in model.hook_dict.items()
-        if any(h.owner is None or h.owner is me for h in point._fwd)
+        if point._fwd and any(h.owner is None or h.owner is me for h in point._fwd)
     )
+
+
+_FORWARD_ARGS: dict[Callable[..., Any], list[str]] = {}
+"""``forward``'s keyword arguments (``x`` aside) by forward function: reading a signature
+costs tens of microseconds, and a function's signature does not change."""
+
+
+def _forward_args(model: "HookedVectorTransformer") -> list[str]:
+    """The names of the arguments of ``model.forward`` other than ``x``."""
+    forward = model.forward
+    func = getattr(forward, "__func__", None)  # the function of a bound method
+    if func is None or getattr(forward, "__self__", None) is not model:
+        return [p for p in inspect.signature(forward).parameters if p != "x"]
+    known = _FORWARD_ARGS.get(func)
+    if known is None:
+        known = [p for p in inspect.signature(forward).parameters if p != "x"]
+        _FORWARD_ARGS[func] = known
+    return known
+
+
+@contextlib.contextmanager
+def _caching_hooks(points: list[HookPoint], save: Callable[..., None]) -> Iterator[None]:
+    """``save`` as a forward hook at each of ``points`` for the block, seen by the calling
+    thread only: ``model.hooks(fwd_hooks=[(name, save) for name in names])``, attached and
+    removed in one hold of the hook lock each."""
+    handles = _add_all(points, save, "fwd", False, threading.current_thread())
+    try:
+        yield
+    finally:
+        _remove_all(handles)
 
 
 class _Recorder:
@@ -147,7 +206,7 @@ class _Recorder:
         if self._uncopied and point in self.hooked:
             for name in self._uncopied.pop(x.untyped_storage().data_ptr(), ()):
                 self.values[name] = self.values[name].clone()
-        return x, _version(x)
+        return x, -1 if x.is_inference() else x._version  # _version(x), inlined
 
     def after(self, point: HookPoint, token: tuple[torch.Tensor, int], x: torch.Tensor) -> None:
         """``x`` leaves ``point``; ``token`` is what :meth:`before` returned."""
@@ -184,7 +243,7 @@ def run_with_cache(
     implementation of :meth:`vecinterp.HookedVectorTransformer.run_with_cache`, whose
     docstring gives the arguments and what the cache holds."""
 
-    known = [p for p in inspect.signature(model.forward).parameters if p != "x"]
+    known = _forward_args(model)
     for key in forward_kwargs:
         if key not in known:
             hint = (
@@ -220,7 +279,8 @@ def run_with_cache(
         if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
             derived = _exact_derivations(model, names)
             names = [n for n in names if n not in derived]
-        with rec.recording(), model.hooks(fwd_hooks=[(name, rec.save) for name in names]):
+        points = [model.hook_dict[name] for name in names]
+        with rec.recording(), _caching_hooks(points, rec.save):
             if incl_bwd:
                 with torch.enable_grad():
                     out = model(x, **forward_kwargs)
@@ -239,19 +299,24 @@ def run_with_cache(
                         loss, [graph[n] for n in needing], allow_unused=True
                     )
                 for n, g in zip(needing, grads, strict=True):
-                    rec.values[n + "_grad"] = torch.zeros_like(graph[n]) if g is None else g
+                    rec.values[n + "_grad"] = (
+                        torch.zeros_like(graph[n]) if g is None else g.detach()
+                    )
             else:
                 out = model(x, **forward_kwargs)
-    acts = {
-        name: (t.detach() if device is None else t.detach().to(device))
-        for name, t in rec.values.items()
-    }
-    _own_storage(acts, model)  # e.g. hook_pos_embed, a view of W_pos
+    # every value is a detached tensor of the recorder's own (saved detached, a clone of
+    # one, a detached gradient or zeros): no second detach
+    acts = rec.values if device is None else {n: t.to(device) for n, t in rec.values.items()}
+    _own_storage(acts, model, _record_weights(model))  # e.g. hook_pos_embed, a view of W_pos
     if isinstance(out, torch.Tensor) and incl_bwd:
         out = out.detach()
     # start_at_layer / stop_at_layer skip blocks: derive only what ran
     derived = {k: v for k, v in derived.items() if v[0] in acts}
-    edited = {name for name, point in model.hook_dict.items() if point in rec.edited}
+    edited = (
+        {name for name, point in model.hook_dict.items() if point in rec.edited}
+        if rec.edited
+        else set()
+    )
     if torch.is_inference_mode_enabled():  # no version counters: a write is unseen
         edited |= hooked
     return out, ActivationCache(

@@ -16,8 +16,12 @@ replacement (a tensor, or a one-element tuple ``(grad,)`` as TransformerLens all
 
 # Adding and removing hooks replaces a hook point's lists instead of editing them in
 # place (copy on write), so a forward running in another thread iterates over a list that
-# never changes under it. This lock serialises the writers; readers never take it.
+# never changes under it. This lock serialises the writers; readers never take it. The
+# lists are plain attributes, set with `object.__setattr__`: `nn.Module.__setattr__` would
+# only look them up among the parameters, buffers and submodules first (a few
+# microseconds, twice per hook that a `hooks()` context or `run_with_cache` adds).
 _EDIT_LOCK = threading.Lock()
+_set = object.__setattr__
 
 # While run_with_cache runs a forward in this thread, `_RECORDER.current` is its recorder
 # (vecinterp.cache._Recorder): the hooked path of `HookPoint.forward` shows it each
@@ -71,11 +75,7 @@ class HookHandle:
 
     def remove(self) -> None:
         """Detach the hook; removing twice is harmless."""
-        attr = "_fwd" if self.direction == "fwd" else "_bwd"
-        with _EDIT_LOCK:
-            hooks = getattr(self.hook_point, attr)
-            if self in hooks:
-                setattr(self.hook_point, attr, [h for h in hooks if h is not self])
+        _remove_all([self])
 
     def __repr__(self) -> str:
         scope = "every thread" if self.owner is None else f"thread {self.owner.name!r}"
@@ -135,15 +135,7 @@ class HookPoint(nn.Module):
         self, fn: HookFn, dir: str, is_permanent: bool, owner: threading.Thread | None
     ) -> HookHandle:
         """Attach ``fn``, seen by ``owner`` only (``None``: by every thread)."""
-        if not callable(fn):
-            raise TypeError(f"hook for {self.name!r} must be callable, got {type(fn).__name__}")
-        if dir not in ("fwd", "bwd"):
-            raise ValueError(f"hook direction must be 'fwd' or 'bwd', got {dir!r}")
-        handle = HookHandle(self, fn, dir, is_permanent, owner)
-        attr = "_fwd" if dir == "fwd" else "_bwd"
-        with _EDIT_LOCK:
-            setattr(self, attr, [*getattr(self, attr), handle])
-        return handle
+        return _add_all([self], fn, dir, is_permanent, owner)[0]
 
     def remove_hooks(self, dir: str = "both", including_permanent: bool = False) -> None:
         """Detach hooks in direction ``dir`` (``"fwd"``, ``"bwd"`` or ``"both"``).
@@ -164,7 +156,7 @@ class HookPoint(nn.Module):
         with _EDIT_LOCK:
             for attr, d in (("_fwd", "fwd"), ("_bwd", "bwd")):
                 if dir in (d, "both"):
-                    setattr(self, attr, [h for h in getattr(self, attr) if kept(h)])
+                    _set(self, attr, [h for h in getattr(self, attr) if kept(h)])
 
     @property
     def has_hooks(self) -> bool:
@@ -181,12 +173,19 @@ class HookPoint(nn.Module):
         return super().__call__(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self._fwd or self._bwd):
-            return x
         fwd, bwd = self._fwd, self._bwd  # snapshots: writers replace, never edit
+        if not (fwd or bwd):
+            return x
         recorder = getattr(_RECORDER, "current", None)
         token = None if recorder is None else recorder.before(self, x)
-        for handle in _visible(fwd):
+        me: threading.Thread | None = None
+        for handle in fwd:  # _visible(fwd), inlined: this runs at every hooked point
+            owner = handle.owner
+            if owner is not None:
+                if me is None:
+                    me = threading.current_thread()
+                if owner is not me:
+                    continue
             out = handle.fn(x, hook=self)
             if out is not None:
                 _check_replacement(out, x, self, handle.fn, "forward hook", "activation")
@@ -230,6 +229,43 @@ def idle(*points: "HookPoint") -> bool:
         ):
             return False
     return not _torch_module_hooks()
+
+
+def _add_all(
+    points: list[HookPoint],
+    fn: HookFn,
+    dir: str,
+    is_permanent: bool,
+    owner: threading.Thread | None,
+) -> list[HookHandle]:
+    """Attach ``fn`` at each of ``points`` (after the hooks there), seen by ``owner`` only
+    (``None``: by every thread), under one hold of the edit lock; one handle per point.
+    The same as ``point._add(...)`` point by point, with the same errors."""
+    if points:
+        if not callable(fn):
+            raise TypeError(
+                f"hook for {points[0].name!r} must be callable, got {type(fn).__name__}"
+            )
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"hook direction must be 'fwd' or 'bwd', got {dir!r}")
+    attr = "_fwd" if dir == "fwd" else "_bwd"
+    handles = [HookHandle(point, fn, dir, is_permanent, owner) for point in points]
+    with _EDIT_LOCK:
+        for point, handle in zip(points, handles, strict=True):
+            _set(point, attr, [*getattr(point, attr), handle])
+    return handles
+
+
+def _remove_all(handles: list[HookHandle]) -> None:
+    """Detach each of ``handles`` (those already detached are skipped), under one hold of
+    the edit lock: the same as ``handle.remove()`` for each."""
+    with _EDIT_LOCK:
+        for handle in handles:
+            point = handle.hook_point
+            attr = "_fwd" if handle.direction == "fwd" else "_bwd"
+            hooks = getattr(point, attr)
+            if handle in hooks:
+                _set(point, attr, [h for h in hooks if h is not handle])
 
 
 def _torch_module_hooks() -> bool:

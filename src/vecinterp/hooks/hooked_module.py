@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .hook_point import HookFn, HookHandle, HookPoint
+from .hook_point import HookFn, HookHandle, HookPoint, _add_all, _remove_all
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 """Which hooks to select: one name, a list of names, a predicate on names, or ``None``
@@ -120,7 +120,7 @@ class HookedModule(nn.Module):
         owner: threading.Thread | None,
     ) -> list[HookHandle]:
         names = self.hook_names(name) if callable(name) else [self.hook_point(name).name]
-        return [self.hook_dict[n]._add(fn, dir, is_permanent, owner) for n in names]
+        return _add_all([self.hook_dict[n] for n in names], fn, dir, is_permanent, owner)
 
     def reset_hooks(self, including_permanent: bool = False) -> None:
         """Remove every hook (permanent ones too if ``including_permanent``).
@@ -169,8 +169,7 @@ class HookedModule(nn.Module):
                     handles += self._attach(spec[0], spec[1], direction, False, owner)
             yield self
         finally:
-            for handle in handles:
-                handle.remove()
+            _remove_all(handles)
 
     def run_with_hooks(
         self,
