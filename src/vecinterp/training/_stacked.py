@@ -6,8 +6,8 @@ Every function here is the math of one model done for K at once: a member's slic
 result is what :class:`~vecinterp.HookedVectorTransformer`, ``clip_grad_norm_`` and
 ``torch.optim.AdamW`` compute for that member alone, up to the rounding of a different
 summation order, and does not depend on the other members' slices (a NaN in one member's
-weights stays in its slice). The forward pass has no hook points. Nothing here reads a
-value back from the device: a training step queues its work and returns.
+weights stays in its slice). The forward pass has no hook points. Nothing on a training step's
+path reads a value back from the device: a step queues its work and returns.
 """
 
 import functools
@@ -190,8 +190,9 @@ def forward(
 
 @functools.lru_cache(maxsize=16)
 def _rotary(cfg: VectorTransformerConfig, device: torch.device) -> Rotary:
-    """The rotary encoding of ``cfg`` with its frequencies already on ``device``: made
-    per call, its table would be copied from the host at every step (on a GPU, a copy from
+    """The rotary encoding of ``cfg`` with its frequencies already on ``device``, kept
+    with the cos/sin tables it computes: made per call, it would compute them again at
+    every step, after copying its frequencies from the host (on a GPU, a copy from
     pageable memory that waits for the device)."""
     rotary = Rotary(cfg)
     rotary.inv_freq = rotary.inv_freq.to(device)
