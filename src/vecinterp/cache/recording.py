@@ -119,9 +119,10 @@ def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
     )
 
 
-_FORWARD_ARGS: dict[Callable[..., Any], list[str]] = {}
-"""``forward``'s keyword arguments (``x`` aside) by forward function: reading a signature
-costs tens of microseconds, and a function's signature does not change."""
+_FORWARD_ARGS: "weakref.WeakKeyDictionary[Callable[..., Any], list[str]]"
+_FORWARD_ARGS = weakref.WeakKeyDictionary()
+"""``forward``'s arguments (``x`` aside) by the function a model class defines: reading a
+signature costs tens of microseconds, and a function's signature does not change."""
 
 
 def _forward_args(model: "HookedVectorTransformer") -> list[str]:

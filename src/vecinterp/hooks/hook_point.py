@@ -264,7 +264,9 @@ def _remove_all(handles: list[HookHandle]) -> None:
             point = handle.hook_point
             attr = "_fwd" if handle.direction == "fwd" else "_bwd"
             hooks = getattr(point, attr)
-            if handle in hooks:
+            if len(hooks) == 1 and hooks[0] is handle:  # the usual case: the only one
+                _set(point, attr, [])
+            elif handle in hooks:
                 _set(point, attr, [h for h in hooks if h is not handle])
 
 
