@@ -98,6 +98,19 @@ def test_run_with_cache_records_every_attention_activation(idle_calls):
     assert torch.equal(out, model(x))
 
 
+def test_caching_only_the_residual_stream_leaves_attention_idle_with_the_same_bits(idle_calls):
+    model = random_model(tiny_cfg())
+    x = random_input(model.cfg)
+    _, everything = model.run_with_cache(x)
+    idle_calls.clear()
+    out, resid = model.run_with_cache(x, names_filter=lambda name: "resid" in name)
+    assert idle_calls == [block.attn for block in model.blocks]
+    assert set(resid.keys()) == {k for k in everything.keys() if "resid" in k}
+    for key in resid.keys():
+        assert torch.equal(resid[key], everything[key]), key
+    assert torch.equal(out, model(x))
+
+
 @pytest.mark.parametrize(
     "register",
     [

@@ -164,13 +164,19 @@ class HookPoint(nn.Module):
         return bool(self._fwd or self._bwd)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``forward(x)``, without ``nn.Module.__call__``'s dispatch when nothing is
-        attached: a model calls ~20 hook points per block, and on a launch-bound GPU (or
-        any small batch) that dispatch was a tenth of a forward pass. PyTorch's own module
-        hooks (``register_forward_hook`` and the global ones) still go through it."""
-        if idle(self):
-            return x
-        return super().__call__(x)
+        """``forward(x)`` without ``nn.Module.__call__``'s dispatch unless PyTorch's own
+        module hooks (``register_forward_hook`` and its kin on this point, or the global
+        ones) need it: a model calls ~20 hook points per block, and on a launch-bound GPU
+        (or any small batch) that dispatch was a tenth of a forward pass."""
+        if (
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or _torch_module_hooks()
+        ):
+            return super().__call__(x)
+        return self.forward(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fwd, bwd = self._fwd, self._bwd  # snapshots: writers replace, never edit
@@ -211,13 +217,13 @@ class HookPoint(nn.Module):
 
 def idle(*points: "HookPoint") -> bool:
     """Whether nothing at all watches any of ``points``: no hook of ours (any thread's),
-    no PyTorch module hook on them, no global PyTorch module hook and no
-    ``run_with_cache`` recording in this thread. A component may then skip calling them
-    and building the views it would show them (``Attention`` does).
+    no PyTorch module hook on them and no global PyTorch module hook. A component may
+    then skip calling them and building the views it would show them (``Attention``
+    does). ``run_with_cache`` records through hooks it attaches to the points it caches,
+    so they are not idle while it runs (and :meth:`HookPoint.forward` shows its recorder
+    nothing at a point without hooks either).
 
     Anything new that lets a point see activations must make this return False."""
-    if getattr(_RECORDER, "current", None) is not None:
-        return False
     for p in points:
         if (
             p._fwd
