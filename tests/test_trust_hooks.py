@@ -308,3 +308,54 @@ def test_a_backward_hook_returning_a_wrong_replacement_is_refused_naming_the_poi
             y.sum().backward()
         model.zero_grad(set_to_none=True)
     assert no_hooks_left(model)
+
+
+# -- replacing modules: hooks by name reach the point that runs -----------------------------
+
+
+def _zero_pattern(pattern, hook):
+    return torch.zeros_like(pattern)
+
+
+@pytest.mark.parametrize("how", ["setattr", "modulelist_item", "hook_point"])
+def test_hooks_by_name_reach_a_replaced_modules_points(how):
+    cfg = tiny_cfg()
+    model, donor = random_model(cfg, seed=0), random_model(cfg, seed=1)
+    x = random_input(cfg)
+    before = model.hook_dict
+    if how == "setattr":  # a transplant: layer 0's attention from another model
+        model.blocks[0].attn = copy.deepcopy(donor.blocks[0].attn)
+    elif how == "modulelist_item":
+        model.blocks[0] = copy.deepcopy(donor.blocks[0])
+    else:
+        model.blocks[0].attn.hook_pattern = vi.HookPoint()
+    point = model.blocks[0].attn.hook_pattern
+    assert model.hook_dict["blocks.0.attn.hook_pattern"] is point
+    assert point.name == "blocks.0.attn.hook_pattern"
+    assert model.hook_dict is not before
+    # the ablation takes effect, and equals the same ablation on a model built that way
+    built = copy.deepcopy(model)
+    built.setup_hooks()
+    ablated = model.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_pattern", _zero_pattern)])
+    want = built.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_pattern", _zero_pattern)])
+    assert not torch.equal(ablated, model(x))
+    assert torch.equal(ablated, want)
+    _, cache = model.run_with_cache(x)
+    _, cache_built = built.run_with_cache(x)
+    assert list(cache.keys()) == list(cache_built.keys())
+    name = "blocks.0.attn.hook_pattern"
+    assert torch.equal(cache[name], cache_built[name])
+
+
+def test_the_hook_point_record_is_kept_while_no_module_is_registered():
+    model = random_model(tiny_cfg())
+    first = model.hook_dict
+    x = random_input(model.cfg)
+    model(x, start_at_layer=None, stop_at_layer=1)  # slicing blocks would build a ModuleList
+    model.run_with_cache(x)
+    model.load_state_dict(model.state_dict())
+    model.to(torch.float64)
+    assert model.hook_dict is first
+    vi.HookedVectorTransformer(tiny_cfg())  # building any module anywhere: one rebuild
+    second = model.hook_dict
+    assert second == first and model.hook_dict is second

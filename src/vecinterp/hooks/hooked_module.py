@@ -7,8 +7,22 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch import nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from .hook_point import HookFn, HookHandle, HookPoint, _add_all, _remove_all
+
+_tree_version = 0
+"""Bumped whenever PyTorch registers a submodule anywhere (an assignment such as
+``block.attn = other``, ``add_module``, a ``ModuleList`` item set or appended), so that a
+:class:`HookedModule` sees that its record of hook points may be out of date."""
+
+
+def _tree_changed(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+    global _tree_version
+    _tree_version += 1
+
+
+_TREE_WATCH = register_module_module_registration_hook(_tree_changed)
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 """Which hooks to select: one name, a list of names, a predicate on names, or ``None``
@@ -49,15 +63,30 @@ class HookedModule(nn.Module):
         tensor([4., 4.])
     """
 
-    hook_dict: dict[str, HookPoint]
-
     def setup_hooks(self) -> None:
-        """Record every hook point by its module path; call once after building."""
-        self.hook_dict = {}
+        """Record every hook point by its module path; call once after building.
+
+        The record is rebuilt by itself after a submodule is assigned or added anywhere
+        below (``model.blocks[0].attn = other.blocks[0].attn``), so that a hook attached
+        by name reaches the point that runs, not one of a module no longer in the model.
+        """
+        found = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
-                self.hook_dict[name] = module
+                found[name] = module
+        self.__dict__["_hook_dict"] = found
+        self.__dict__["_hook_tree"] = _tree_version
+
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]:
+        """Every hook point by its module path (``"blocks.0.attn.hook_pattern"``), in the
+        order they fire. Rebuilt when a submodule has been assigned or added since (see
+        :meth:`setup_hooks`); deleting one with ``del`` is not noticed."""
+        state = self.__dict__
+        if "_hook_dict" not in state or state["_hook_tree"] != _tree_version:
+            self.setup_hooks()
+        return state["_hook_dict"]
 
     # -- looking hook points up -------------------------------------------------------
     def hook_point(self, name: str) -> HookPoint:

@@ -268,8 +268,9 @@ class HookedVectorTransformer(HookedModule):
                 resid = resid + self.hook_pos_embed(self.pos_embed(batch, n_pos))
         else:
             resid = check_input(x, self.cfg, self.embed.W_E, axis="d_model")
-        for block in self.blocks[start:stop]:
-            resid = block(resid)
+        blocks = self.blocks
+        for i in range(start, stop):  # not blocks[start:stop], which builds a ModuleList
+            resid = blocks[i](resid)
         if stop_at_layer is not None:
             return resid
         out = self.unembed(self.ln_final(resid))
