@@ -14,7 +14,7 @@ import safetensors.torch
 import torch
 
 import vecinterp as vi
-from helpers import random_model, tiny_cfg, unchecked
+from helpers import random_input, random_model, tiny_cfg, unchecked
 from vecinterp.tasks import affine_recurrence as ar
 from vecinterp.training import (
     TrainHistory,
@@ -641,3 +641,18 @@ def test_docstring_examples_run(name):
     module = importlib.import_module(f"vecinterp.training.{name}")
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_gradient_norm_is_the_norm_of_the_per_tensor_norms_to_the_bit():
+    from vecinterp.training.loop import _grad_norm
+
+    model = random_model(tiny_cfg(), dtype=torch.float32)
+    x = random_input(model.cfg, dtype=torch.float32)
+    model(x, targets=torch.zeros(3, 7, 5), return_type="loss").backward()
+    params = list(model.parameters())
+    by_definition = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+    )
+    assert torch.equal(_grad_norm(params, None), by_definition)
+    # and what clip_grad_norm_ reports (the grad_clip path), clipping nothing
+    assert torch.equal(_grad_norm(params, 1e30), by_definition)

@@ -411,6 +411,12 @@ def _grad_norm(params: list[torch.nn.Parameter], grad_clip: float | None) -> tor
     if grad_clip is not None:
         return torch.nn.utils.clip_grad_norm_(params, grad_clip)
     grads = [p.grad for p in params if p.grad is not None]
+    # what clip_grad_norm_ computes: one fused norm per device and dtype where torch has a
+    # fused kernel (CUDA: 2 kernels, not one per parameter); elsewhere, and before torch
+    # 2.6, the norm of the per-tensor norms, which is the same arithmetic on a CPU
+    total = getattr(torch.nn.utils, "get_total_norm", None)
+    if total is not None:
+        return total(grads, 2.0)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
