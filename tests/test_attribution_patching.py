@@ -19,15 +19,6 @@ ALL_BY = ("layer_pos", "layer", "head", "head_pos")
 PER_HEAD = ("q", "k", "v", "z", "result", "pattern", "attn_scores")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: thread wake-ups would cost more than the arithmetic on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def linear_metric(d_out: int, seed: int = 3):
     w = torch.randn(BATCH, N_POS, d_out, generator=torch.Generator().manual_seed(seed))
     return lambda y: (y * w.to(y)).sum() + 0.25  # noqa: E731

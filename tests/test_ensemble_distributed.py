@@ -106,14 +106,9 @@ def start_models() -> list[vi.HookedVectorTransformer]:
 
 
 def train(data=make_batch, **kw) -> vi.EnsembleResult:
-    """The ensemble of KW (and ``kw``) on one intra-op thread, as each rank runs: the one
-    process's references too (two threads on the 2 loaded cores made them 10x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return vi.train_ensemble(start_models(), data, **dict(KW, **kw))
-    finally:
-        torch.set_num_threads(threads)
+    """The ensemble of KW (and ``kw``), on one intra-op thread as each rank runs (the
+    root conftest.py sets one thread for the whole test run)."""
+    return vi.train_ensemble(start_models(), data, **dict(KW, **kw))
 
 
 def outcome(out: vi.EnsembleResult) -> dict:

@@ -137,17 +137,23 @@ def test_detectors_find_exactly_the_planted_heads(model, batch):
     assert prev_scores[others].max() < 0.4 and ind_scores[others].max() < 0.4
 
 
-def test_detectors_follow_the_planted_heads_to_other_indices():
-    # The same circuit at other indices is found there: the detectors read the patterns,
-    # not an index that happens to be right.
-    model = planted_model()
-    swapped = planted_model()
+def swapped_planted_model() -> vi.HookedVectorTransformer:
+    """:func:`planted_model` with the previous-token head moved to head 0.2 and the
+    induction head to head 1.0 (each swapped with the head at that index)."""
+    model, swapped = planted_model(), planted_model()
     with torch.no_grad():
         for layer, (a, b) in ((0, (PREV[1], 2)), (1, (IND[1], 0))):
             for name in ("W_Q", "W_K", "W_V", "W_O"):
                 w = getattr(swapped.blocks[layer].attn, name)
                 src = getattr(model.blocks[layer].attn, name)
                 w[a], w[b] = src[b].clone(), src[a].clone()
+    return swapped
+
+
+def test_detectors_follow_the_planted_heads_to_other_indices():
+    # The same circuit at other indices is found there: the detectors read the patterns,
+    # not an index that happens to be right.
+    swapped = swapped_planted_model()
     x = induction.generate(16, m=4, dim=D, dtype=torch.float64, seed=3).inputs
     assert detect_heads(swapped, x, "previous_position", 0.5) == [(0, 2)]
     assert detect_heads(swapped, x, "induction", 0.5, m=4) == [(1, 0)]

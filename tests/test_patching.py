@@ -23,16 +23,6 @@ def assert_same(
     assert a.numel() == 0 or (a.detach() - b.detach()).abs().max() <= 1e-12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # These tensors are tiny: on a loaded machine OpenMP's thread wake-ups (softmax is
-    # parallelised) cost more than the arithmetic, about 3x the run time on 2 busy cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def setup():
     cfg = tiny_cfg()  # d_in=3, n_ctx=7, 2 layers, 2 heads

@@ -22,15 +22,6 @@ from vecinterp.analysis.path_patching import path_patching
 from vecinterp.tasks import induction
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: thread wake-ups would cost more than the arithmetic on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def pp(*args, **kwargs):
     return path_patching(*args, progress=False, **kwargs)
 
