@@ -3,12 +3,18 @@
 Recipes (``--recipe``): ``fast`` (the default, ``affine_recurrence.FAST_RECIPE``, which
 trained the shipped reference model ``affine_recurrence.load_reference("fast")``;
 benchmarks/train_affine.py measures its speed-up) and ``paper`` (100k steps, batch 16, AdamW
-lr 1e-4, wd 0.01). ``--lr`` scales a cosine schedule's floor with the peak.
+lr 1e-4, wd 0.01). ``--lr`` scales a cosine schedule's floor with the peak. ``--init``
+chooses the initialisation (``VectorTransformerConfig.init``): ``gpt2`` (the default) or
+``transformer_lens``, the one the paper's authors had (TransformerLens's default: every
+weight matrix N(0, (0.8/sqrt(d_model))²), no shrinking of ``W_O`` and ``W_out``).
+``--threads`` sets torch's intra-op threads (the paper recipe's timings are with 1).
 
-Run: python examples/train_affine.py [--recipe paper] [--seed 1] [--resume]
+Run: python examples/train_affine.py [--recipe paper] [--init transformer_lens] [--seed 1]
+[--threads 1] [--resume]
 
-The model goes to ``--out`` (default ``checkpoints/affine_<recipe>_seed<seed>``; load it with
-``vi.load``), the resumable training checkpoints to ``checkpoints/_train_runs/<recipe>_seed<seed>``.
+The model goes to ``--out`` (default ``checkpoints/affine_<recipe>[_tlinit]_seed<seed>``; load
+it with ``vi.load``), the resumable training checkpoints to
+``checkpoints/_train_runs/<recipe>[_tlinit]_seed<seed>``.
 To ship a trained model as a reference model, copy its folder to
 ``src/vecinterp/tasks/reference/affine_recurrence_<name>/`` with a README saying how it was
 trained, and add ``<name>`` to ``affine_recurrence.REFERENCE_MODELS``.
@@ -40,6 +46,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--lr", type=float)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", choices=["gpt2", "transformer_lens"], default="gpt2")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", help="default: checkpoints/affine_<recipe>_seed<seed>")
     parser.add_argument(
         "--checkpoint-dir", default=None, help="default: OUT/../_train_runs/<recipe>_seed<seed>"
@@ -49,7 +57,10 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
-    run_name = f"{args.recipe}_seed{args.seed}"
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    init_tag = "_tlinit" if args.init == "transformer_lens" else ""
+    run_name = f"{args.recipe}{init_tag}_seed{args.seed}"
     args.out = args.out or f"checkpoints/affine_{run_name}"
     recipe: dict = dict(RECIPES[args.recipe])
     if args.lr is not None and "min_lr" in recipe:
@@ -57,7 +68,7 @@ def main() -> None:
     for key in ("steps", "batch_size", "lr"):
         if getattr(args, key) is not None:
             recipe[key] = getattr(args, key)
-    cfg = vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS)
+    cfg = vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS, init=args.init)
     model = vi.HookedVectorTransformer(cfg, seed=args.seed)
     batch_size = recipe["batch_size"]
     eval_seed = 10_000 + args.seed
@@ -86,6 +97,8 @@ def main() -> None:
     final = vi.evaluate(result.model, eval_set)
     meta = {
         "recipe": args.recipe,
+        "init": args.init,
+        "torch_threads": torch.get_num_threads(),
         **recipe,
         "seed": args.seed,
         "eval_mse": final,

@@ -26,7 +26,9 @@ vecinterp                   TransformerLens ``HookedTransformerConfig``
                             ``rotary_dim = d_head``, GPT-NeoX pairs
                             (``rotary_adjacent_pairs=False``) and ``rotary_base``
 ``causal``                  ``attention_dir`` (``"causal"`` / ``"bidirectional"``)
-``init_range``              ``initializer_range``
+``init``, ``init_range``    ``initializer_range`` (``init_std`` to TL; from TL,
+                            ``init="transformer_lens"`` with TL's range: TL's
+                            ``init_mode="gpt2"``)
 ==========================  ==========================================================
 
 What cannot be converted raises a :class:`ValueError` listing every reason. From
@@ -206,7 +208,7 @@ def to_transformer_lens(
         rotary_adjacent_pairs=False,
         attn_only=cfg.attn_only,
         attention_dir="causal" if cfg.causal else "bidirectional",
-        initializer_range=cfg.init_range,
+        initializer_range=cfg.init_std,
         init_weights=False,  # every weight is copied below; leaves the global RNG alone
         seed=None,
         dtype=W_E.dtype,
@@ -331,6 +333,7 @@ def from_transformer_lens(tl_model: nn.Module) -> HookedVectorTransformer:
         embed_bias=False,
         eps=float(c.eps),
         rotary_base=float(c.rotary_base),
+        init="transformer_lens",
         init_range=float(c.initializer_range),
     )
     model = HookedVectorTransformer(cfg, seed=0, dtype=W_E.dtype, device=W_E.device)

@@ -12,6 +12,7 @@ from typing import Any
 ACT_FNS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
 POSITIONALS = ("learned", "sinusoidal", "rotary", "none")
+INITS = ("gpt2", "transformer_lens")
 
 # TransformerLens's HookedTransformerConfig names users type, and what they are here
 _TL_NAMES = {
@@ -73,7 +74,18 @@ class VectorTransformerConfig:
         embed_bias: give the linear embedding a bias ``b_E``.
         eps: the epsilon of the normalization layers.
         rotary_base: the base of the rotary frequencies.
-        init_range: standard deviation of the normal initialisation of weight matrices.
+        init: how :meth:`~vecinterp.HookedVectorTransformer.init_weights` draws the weight
+            matrices. ``"gpt2"`` (the default): every ``W_*`` ~ N(0, init_range²), with
+            ``W_O`` and ``W_out`` shrunk further by ``1/sqrt(2 n_layers)`` as in GPT-2.
+            ``"transformer_lens"``: TransformerLens's default (``init_mode="gpt2"`` of
+            ``HookedTransformer``), every ``W_*`` ~ N(0, init_range²) with no shrinking,
+            where init_range defaults to TransformerLens's ``0.8 / sqrt(d_model)``. A model
+            trained with TransformerLens (or a fork of it) started from the second. Biases
+            start at 0 and normalization weights at 1 either way.
+        init_range: standard deviation of the normal initialisation of weight matrices;
+            ``None`` (the default) means the default of ``init``: 0.02 for ``"gpt2"``,
+            ``0.8 / sqrt(d_model)`` for ``"transformer_lens"``. :attr:`init_std` is the
+            value in use.
 
     Example:
         >>> import vecinterp as vi
@@ -99,7 +111,8 @@ class VectorTransformerConfig:
     embed_bias: bool = False
     eps: float = 1e-5
     rotary_base: float = 10000.0
-    init_range: float = 0.02
+    init: str = "gpt2"
+    init_range: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_model", "d_head", "n_heads", "n_layers", "n_ctx"):
@@ -134,6 +147,10 @@ class VectorTransformerConfig:
                 f"VectorTransformerConfig.d_model must be even with positional='sinusoidal', "
                 f"got {self.d_model}"
             )
+        if self.init not in INITS:
+            raise ValueError(
+                f"VectorTransformerConfig.init must be one of {INITS}, got {self.init!r}"
+            )
         for name in ("attn_only", "causal", "embed_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
@@ -143,9 +160,11 @@ class VectorTransformerConfig:
         # each normalization output 0, init_range=inf gives NaN, rotary_base=inf freezes
         # all but one frequency)
         for field in dataclasses.fields(self):
-            if field.type not in (float, "float"):
+            if field.type not in (float, "float", float | None, "float | None"):
                 continue
             value = getattr(self, field.name)
+            if value is None and field.type in (float | None, "float | None"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(
                     f"VectorTransformerConfig.{field.name} must be a positive number, got {value!r}"
@@ -165,6 +184,26 @@ class VectorTransformerConfig:
                 f"TransformerLens's name; here use {_TL_NAMES[name]}"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def init_std(self) -> float:
+        """The standard deviation of the initial weight matrices: ``init_range``, or when
+        that is ``None`` the default of ``init`` (0.02 for ``"gpt2"``, ``0.8 / sqrt(d_model)``
+        for ``"transformer_lens"``). ``W_O`` and ``W_out`` start smaller by
+        ``1/sqrt(2 n_layers)`` under ``"gpt2"``.
+
+        Example:
+            >>> import vecinterp as vi
+            >>> cfg = vi.VectorTransformerConfig(d_in=4, d_model=64, d_head=8, n_heads=8,
+            ...                                  n_layers=2, n_ctx=8, init="transformer_lens")
+            >>> cfg.init_range is None, cfg.init_std   # 0.8 / sqrt(64)
+            (True, 0.1)
+        """
+        if self.init_range is not None:
+            return float(self.init_range)
+        if self.init == "transformer_lens":
+            return 0.8 / math.sqrt(self.d_model)
+        return 0.02
 
     @property
     def has_ln_weights(self) -> bool:

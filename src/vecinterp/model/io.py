@@ -370,13 +370,23 @@ def load(
     with uninitialised_weights():  # every tensor is loaded below (checked first)
         model = HookedVectorTransformer(cfg, seed=0, dtype=dtype)
     check_state_dict(model, tensors, source=str(weights))
-    if "config" in header and json.loads(header["config"]) != cfg.to_dict():
+    if "config" in header and not _same_config(header["config"], cfg):
         raise ValueError(
             f"{weights} and {CONFIG_FILE} in {directory} come from different saves: "
             "their configs differ"
         )
     model.load_state_dict(tensors)
     return model.to(device) if device is not None else model
+
+
+def _same_config(text: str, cfg: VectorTransformerConfig) -> bool:
+    """Whether the config recorded in a weights file is ``cfg``. Compared as configs, not
+    dicts, so that a save from before a field existed (e.g. ``init``) matches the config read
+    from its ``config.json`` with that field's default."""
+    try:
+        return VectorTransformerConfig.from_dict(json.loads(text)) == cfg
+    except (ValueError, TypeError):
+        return False
 
 
 def _first(items: list[str], sep: str = ", ") -> str:

@@ -118,8 +118,13 @@ class HookedVectorTransformer(HookedModule):
         self.setup_hooks()
 
     def init_weights(self, seed: int | None = 0) -> None:
-        """Weight matrices ~ N(0, init_range²) (``W_O``, ``W_out`` scaled by
-        ``1/sqrt(2 n_layers)`` as in GPT-2); biases 0; norm weights 1.
+        """Weight matrices ~ N(0, std²) with ``std = cfg.init_std``; biases 0; norm weights 1.
+
+        ``cfg.init`` chooses the scheme: ``"gpt2"`` also scales ``W_O`` and ``W_out`` by
+        ``1/sqrt(2 n_layers)`` as in GPT-2; ``"transformer_lens"`` draws every weight matrix
+        with the same std (by default ``0.8 / sqrt(d_model)``), as TransformerLens's
+        ``HookedTransformer`` does. The draws come in parameter order from one generator
+        (the same distribution as TransformerLens's, not its exact numbers).
 
         ``seed`` seeds a private generator (an int; ``None`` draws from the global RNG).
 
@@ -135,8 +140,8 @@ class HookedVectorTransformer(HookedModule):
         """
         seed = check_seed("seed", seed, allow_none=True)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        std = self.cfg.init_range
-        resid_std = std / (2 * self.cfg.n_layers) ** 0.5
+        std = self.cfg.init_std
+        resid_std = std / (2 * self.cfg.n_layers) ** 0.5 if self.cfg.init == "gpt2" else std
         with torch.no_grad():
             for name, p in self.named_parameters():
                 leaf = name.rsplit(".", 1)[-1]
