@@ -8,6 +8,8 @@ One file because every test drives the one search, and the equivalences share th
 hook-based definition they are checked against."""
 
 import functools
+import math
+import re
 from collections import defaultdict
 
 import pytest
@@ -530,7 +532,7 @@ def test_bad_inputs_are_refused():
         with pytest.raises(ValueError, match="threshold must be a finite number >= 0"):
             acdc(model, x, corrupted, threshold=tau)
     with unchecked():
-        for tau in (True, "0.1", None):
+        for tau in (True, "0.1"):
             with pytest.raises(TypeError, match="threshold must be a number"):
                 acdc(model, x, corrupted, threshold=tau)
         with pytest.raises(TypeError, match="HookedVectorTransformer"):
@@ -565,6 +567,167 @@ def test_bad_inputs_are_refused():
             acdc(model, x, corrupted, threshold=0.1)
     finally:
         handle.remove()
+
+
+def test_a_non_finite_metric_is_refused_naming_the_trial():
+    # The hand-worked model (test above): the trials run in the order head -> output
+    # (y = 6), embed -> output (y = 210), then embed -> v, k, q. A metric that is NaN at
+    # y = 210 only is NaN on the second trial, with no edge removed before it.
+    model = one_number_model()
+    clean, corrupted = (
+        torch.ones(1, 1, 1, dtype=torch.float64),
+        torch.zeros(1, 1, 1, dtype=torch.float64),
+    )
+
+    def nan_at(value):
+        return lambda y: torch.where(y == value, torch.nan, (y - 216.0) ** 2).mean()
+
+    with pytest.raises(ValueError, match=r"metric is nan on the trial that removes the edge "
+                       r"embed -> output \(with the 0 edges removed before it\)"):  # fmt: skip
+        acdc(model, clean, corrupted, threshold=1e4, metric=nan_at(210.0))
+    with pytest.raises(ValueError, match="metric is nan with every edge removed"):
+        acdc(model, clean, corrupted, threshold=1e4, metric=nan_at(0.0))
+    # a log-MSE is -inf on the full model, where the MSE is exactly 0
+    with pytest.raises(ValueError, match=r"metric is -inf on the full model.*log\(mse \+ eps\)"):
+        acdc(model, clean, corrupted, threshold=1.0, metric=lambda y: (y - 216.0).pow(2).log())
+    # with a floor it is finite everywhere, and runs: log(210^2 + 1) = 10.69 > 4 keeps
+    # head -> output, log(6^2 + 1) = 3.61 <= 4 removes embed -> output, then removing
+    # embed -> v costs log(216^2 + 1) - 3.61 = 7.14 > 4: the circuit of the MSE at tau = 1e4
+    floored = acdc(
+        model, clean, corrupted, threshold=4.0, metric=lambda y: ((y - 216.0) ** 2 + 1).log()
+    )
+    assert floored.edges == [("embed", (0, 0, "v")), ((0, 0), "output")]
+    assert floored.scores[("embed", "output")] == pytest.approx(math.log(37.0), rel=1e-12)
+
+
+def test_a_metric_nan_on_a_few_trials_of_a_random_model_is_refused():
+    model, x, corrupted = setup("LN+MLP")
+    calls = []
+
+    def flaky(y):  # the MSE to the model, NaN on its 5th call (the 4th trial)
+        calls.append(None)
+        value = (y - reference).pow(2).mean()
+        return value * torch.nan if len(calls) == 5 else value
+
+    with torch.no_grad():
+        reference = model(x)
+    with pytest.raises(ValueError, match="metric is nan on the trial that removes the edge"):
+        acdc(model, x, corrupted, threshold=1e-3, metric=flaky, chunk_size=1)
+
+
+@pytest.mark.parametrize("name", ["blocks.1.attn.W_Q", "unembed.W_U", "blocks.0.ln1.w"])
+def test_a_non_finite_weight_is_refused_by_name(name):
+    model, x, corrupted = setup("LN+MLP")
+    with torch.no_grad():
+        model.get_parameter(name).view(-1)[0] = torch.nan if "W_Q" in name else torch.inf
+    with pytest.raises(ValueError, match=f"non-finite weights.*{name}"):
+        acdc(model, x, corrupted, threshold=1e-3)
+    with pytest.raises(ValueError, match=f"non-finite weights.*{name}"):
+        vi.circuit_threshold_sweep(model, x, None, relative_thresholds=[0.1], progress=False)
+
+
+def test_pytorch_module_hooks_are_refused_like_vecinterp_hooks():
+    model, x, corrupted = setup("LN+MLP")
+    with torch.no_grad():
+        plain = model(x)
+    found = acdc(model, x, corrupted, threshold=1e-3)
+
+    def zero(module, args, out):
+        return out * 0
+
+    cases = {
+        "blocks.0.attn (forward hook)": lambda: model.blocks[0].attn.register_forward_hook(zero),
+        "blocks.1.mlp (forward pre hook)": lambda: model.blocks[1].mlp.register_forward_pre_hook(
+            lambda module, args: (args[0] * 0,)
+        ),
+        "blocks.0.hook_resid_post (forward hook)": lambda: model.hook_dict[
+            "blocks.0.hook_resid_post"
+        ].register_forward_hook(zero),
+        "unembed (backward hook)": lambda: model.unembed.register_full_backward_hook(
+            lambda module, grad_in, grad_out: None
+        ),
+        "a global forward hook": lambda: torch.nn.modules.module.register_module_forward_hook(
+            lambda module, args, out: None
+        ),
+    }
+    for where, attach in cases.items():
+        handle = attach()
+        try:
+            if "forward" in where and "global" not in where:  # the hook changes the model
+                with torch.no_grad():
+                    assert not torch.allclose(model(x), plain)
+            with pytest.raises(
+                ValueError, match=re.escape(f"PyTorch module hooks attached: {where}")
+            ):
+                acdc(model, x, corrupted, threshold=1e-3)
+        finally:
+            handle.remove()
+    assert acdc(model, x, corrupted, threshold=1e-3).edges == found.edges
+
+
+# --------------------------------------------------------------- relative thresholds
+
+
+def test_a_relative_threshold_is_a_fraction_of_the_metric_gap_by_hand():
+    # The hand-worked model: full metric 0, every edge removed (216 x)^2 = 46656, so the
+    # gap is 46656. relative 0.25 is tau = 11664: the scores 44100 and 46620 pass it and
+    # 36, 0, 0 do not, the circuit of tau = 1e4. relative 1.0 is tau = 46656, which the
+    # head -> output edge (44100) no longer passes: the circuit of tau = 5e4, empty.
+    model = one_number_model()
+    clean, corrupted = (
+        torch.ones(1, 1, 1, dtype=torch.float64),
+        torch.zeros(1, 1, 1, dtype=torch.float64),
+    )
+    for relative, absolute, tau in [(0.25, 1e4, 11664.0), (1.0, 5e4, 46656.0)]:
+        got = acdc(model, clean, corrupted, relative_threshold=relative)
+        want = acdc(model, clean, corrupted, threshold=absolute)
+        assert got.threshold == tau and got.relative_threshold == relative
+        assert got.edges == want.edges and got.scores == want.scores
+        assert want.relative_threshold is None
+        assert f"tau = {tau:g} ({relative:g} of the metric gap)" in got.summary()
+    assert acdc(model, clean, corrupted, relative_threshold=0.25).edges == [
+        ("embed", (0, 0, "v")),
+        ((0, 0), "output"),
+    ]
+
+
+def test_relative_thresholds_recover_the_planted_circuit(planted):
+    model, clean, fresh = planted
+    with torch.no_grad():  # the gap, computed apart: the default metric of the corrupted model
+        gap = float((model(fresh) - model(clean)).pow(2).mean())
+    relative = [1e-3, 1e-2, 0.1]
+    results = vi.circuit_threshold_sweep(
+        model, clean, fresh, relative_thresholds=relative, progress=False
+    )
+    for r, result in zip(relative, results, strict=True):
+        assert sorted(map(str, result.edges)) == sorted(map(str, PLANTED)), r
+        assert result.threshold == pytest.approx(r * gap, rel=1e-9)
+        same = acdc(model, clean, fresh, threshold=result.threshold)
+        assert same.edges == result.edges and same.scores == result.scores
+
+
+def test_threshold_arguments_say_what_scale_to_use():
+    model = one_number_model()
+    clean, corrupted = (
+        torch.ones(1, 1, 1, dtype=torch.float64),
+        torch.zeros(1, 1, 1, dtype=torch.float64),
+    )
+    # neither: the message gives the gap on these inputs, 216^2 = 46656
+    with pytest.raises(TypeError, match=r"discover_circuit needs a threshold.*gap of 4\.666e\+04"):
+        acdc(model, clean, corrupted)
+    with pytest.raises(TypeError, match=r"circuit_threshold_sweep needs a threshold.*relative_"):
+        vi.circuit_threshold_sweep(model, clean, corrupted, progress=False)
+    with pytest.raises(ValueError, match="not both"):
+        acdc(model, clean, corrupted, threshold=1.0, relative_threshold=0.1)
+    with pytest.raises(ValueError, match=r"relative_threshold must be a finite number >= 0 \(a "
+                       "fraction of the metric gap"):  # fmt: skip
+        acdc(model, clean, corrupted, relative_threshold=-0.1)
+    with pytest.raises(ValueError, match=r"relative_thresholds\[1\] must be"):
+        vi.circuit_threshold_sweep(
+            model, clean, corrupted, relative_thresholds=[0.1, math.nan], progress=False
+        )
+    with pytest.raises(ValueError, match="relative_threshold: the metric gap is 0"):
+        acdc(model, clean, clean, relative_threshold=0.1)  # nothing to corrupt
 
 
 # ------------------------------------------------------------------------- the drawing

@@ -39,9 +39,11 @@ from typing import Any
 
 import torch
 from jaxtyping import Float
+from torch import nn
 from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
+from ..model.tensor_files import refuse_non_finite
 from ..model.validation import check_input
 from ._circuit_graph import CleanState, EdgeGraph, forward, run_clean
 from ._validate import check_model
@@ -85,6 +87,9 @@ class CircuitResult:
         n_pruned: kept edges dropped at the end (corrupted input only) because their
             sender had lost all its incoming edges: such a node computes its corrupted
             output, so they carry nothing.
+        relative_threshold: the fraction of the metric gap ``|corrupted_metric -
+            full_metric|`` that ``threshold`` was made from, when the search was asked for
+            a ``relative_threshold``; ``None`` when it was given ``threshold`` itself.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -114,6 +119,7 @@ class CircuitResult:
     n_passes: int
     n_trials: int
     n_pruned: int = 0
+    relative_threshold: float | None = None
 
     @property
     def n_kept(self) -> int:
@@ -133,9 +139,14 @@ class CircuitResult:
             >>> print(result.summary().splitlines()[0])
             ACDC (corrupted input), tau = 1: 0 of 9 edges kept
         """
+        relative = (
+            ""
+            if self.relative_threshold is None
+            else f" ({self.relative_threshold:g} of the metric gap)"
+        )
         lines = [
             f"ACDC ({self.ablation} {'input' if self.ablation == 'corrupted' else 'outputs'}), "
-            f"tau = {self.threshold:g}: {self.n_kept} of {self.n_edges} edges kept",
+            f"tau = {self.threshold:g}{relative}: {self.n_kept} of {self.n_edges} edges kept",
             f"metric: circuit {self.metric:.6g}, full model {self.full_metric:.6g}, "
             f"every edge removed {self.corrupted_metric:.6g}",
         ]
@@ -148,7 +159,8 @@ def discover_circuit(
     clean_x: Float[torch.Tensor, "batch pos d_in"],
     corrupted_x: Float[torch.Tensor, "_batch _pos _d_in"] | None = None,
     *,
-    threshold: float,
+    threshold: float | None = None,
+    relative_threshold: float | None = None,
     metric: Metric | None = None,
     population: Float[torch.Tensor, "_n _pos _d_in"] | None = None,
     abs_value: bool = False,
@@ -172,11 +184,31 @@ def discover_circuit(
     ``metric`` is a loss: it grows as the circuit departs from the model. The default is the
     mean squared difference from the full model's output on ``clean_x``,
     ``mean((y_circuit - y_model)^2)`` over batch, positions and ``d_out``, the MSE analogue
-    of ACDC's KL divergence; its full-model value is 0.
+    of ACDC's KL divergence; its full-model value is 0. Every value it takes must be
+    finite: a NaN or infinite value (e.g. ``log`` of an MSE that is 0 on the full model)
+    would make every comparison with ``tau`` false, so the edge would be kept or removed by
+    accident; it is refused, naming the trial (the edge being removed).
+
+    The threshold comes in one of two units (give exactly one):
+
+    - ``threshold=tau``, in the metric's units;
+    - ``relative_threshold=r``, a fraction of the *metric gap*
+      ``|corrupted_metric - full_metric|`` (what removing every edge costs), so that
+      ``tau = r * gap``: ``r = 0.01`` removes an edge when it costs at most 1 % of what
+      corrupting everything costs, whatever the metric's scale. ``CircuitResult.threshold``
+      is then that ``tau`` and ``CircuitResult.relative_threshold`` is ``r``.
+      ``relative_threshold=r`` and ``threshold=r * gap`` give the same circuit.
+
+    Called with neither, it runs the two reference passes and raises a ``TypeError`` that
+    gives the gap on these inputs, the scale a threshold is read against.
 
     The circuit's output is computed by a forward pass from the model's weights that splits
-    the residual stream by sender at every receiver (hooks are not run, so a model with
-    hooks attached is refused); with no edge removed it is the model's output to rounding.
+    the residual stream by sender at every receiver; with no edge removed it is the model's
+    output to rounding. Hooks are not run, so a model with hooks attached is refused:
+    vecinterp hooks, and PyTorch module hooks (``register_forward_hook``,
+    ``register_forward_pre_hook``, ``register_full_backward_hook`` and their kin, on any
+    submodule, or the global ones), which this pass would skip or call on other tensors
+    than the model's forward does. So is a model with a NaN or infinite weight, named.
     See :func:`circuit_threshold_sweep` for several thresholds at once.
 
     Args:
@@ -184,8 +216,10 @@ def discover_circuit(
         clean_x: the input the circuit must reproduce ``[batch, pos, d_in]``.
         corrupted_x: the corrupted input (the shape of ``clean_x``), or ``None`` for mean
             ablation.
-        threshold: ``tau >= 0``, in the metric's units. A scale: ``corrupted_metric -
-            full_metric`` of a first run (e.g. with a large ``tau``, which is fast).
+        threshold: ``tau >= 0``, in the metric's units (the metric gap is its scale).
+        relative_threshold: ``r >= 0``, the threshold as a fraction of the metric gap
+            (``tau = r * |corrupted_metric - full_metric|``); instead of ``threshold``.
+            Start around ``0.01`` (a larger ``r`` keeps fewer edges).
         metric: ``metric(output [batch, pos, d_out]) -> scalar``, lower is closer to the
             model, e.g. ``lambda y: vi.masked_mse(y, targets, mask)``; ``None``: the MSE to
             the full model's output.
@@ -203,9 +237,13 @@ def discover_circuit(
     Raises:
         ValueError: inputs of different shapes, non-finite or too long; a ``population``
             with another ``pos`` or ``d_in``, or given with ``corrupted_x``; a negative or
-            non-finite threshold; a model with hooks attached; a metric that does not
-            return one number.
-        TypeError: a model, metric or flag of the wrong type.
+            non-finite threshold, or both ``threshold`` and ``relative_threshold``; a
+            ``relative_threshold`` when the metric gap is 0; a model with hooks attached
+            (vecinterp or PyTorch module hooks) or with a non-finite weight; a metric that
+            does not return one number, or returns NaN or an infinity (on the full model,
+            with every edge removed, or on a trial, which the message names).
+        TypeError: a model, metric or flag of the wrong type; neither ``threshold`` nor
+            ``relative_threshold`` given (the message gives the metric gap).
 
     Example:
         >>> import torch, vecinterp as vi
@@ -218,13 +256,18 @@ def discover_circuit(
         (46, 0.0)
         >>> result.n_kept < result.n_edges and result.metric <= result.corrupted_metric
         True
+        >>> relative = vi.discover_circuit(model, clean, corrupted, relative_threshold=0.01,
+        ...                                progress=False)  # tau = 1 % of the metric gap
+        >>> gap = relative.corrupted_metric - relative.full_metric
+        >>> bool(relative.threshold == 0.01 * gap), relative.relative_threshold
+        (True, 0.01)
     """
-    _check_threshold(threshold, "threshold")
-    return circuit_threshold_sweep(
+    return _run(
         model,
         clean_x,
         corrupted_x,
-        thresholds=[threshold],
+        {"threshold": threshold, "relative_threshold": relative_threshold},
+        single=True,
         metric=metric,
         population=population,
         abs_value=abs_value,
@@ -238,7 +281,8 @@ def circuit_threshold_sweep(
     clean_x: Float[torch.Tensor, "batch pos d_in"],
     corrupted_x: Float[torch.Tensor, "_batch _pos _d_in"] | None = None,
     *,
-    thresholds: Sequence[float],
+    thresholds: Sequence[float] | None = None,
+    relative_thresholds: Sequence[float] | None = None,
     metric: Metric | None = None,
     population: Float[torch.Tensor, "_n _pos _d_in"] | None = None,
     abs_value: bool = False,
@@ -249,7 +293,8 @@ def circuit_threshold_sweep(
 
     Each threshold runs the whole search (greedy decisions depend on ``tau``); a larger
     ``tau`` removes more and runs faster. The arguments are :func:`discover_circuit`'s, with
-    ``thresholds`` (a non-empty sequence of numbers ``>= 0``) for ``threshold``.
+    ``thresholds`` (a non-empty sequence of numbers ``>= 0``) for ``threshold``, or
+    ``relative_thresholds`` (fractions of the metric gap) for ``relative_threshold``.
 
     Returns:
         One :class:`CircuitResult` per threshold, in the order given.
@@ -264,28 +309,101 @@ def circuit_threshold_sweep(
         >>> [r.n_kept for r in results][-1]
         0
     """
-    if isinstance(thresholds, str | bytes) or not isinstance(thresholds, Sequence):
-        raise TypeError(f"thresholds must be a sequence of numbers, got {thresholds!r}")
-    if not thresholds:
-        raise ValueError("thresholds is empty: give at least one threshold")
-    taus = [_check_threshold(t, f"thresholds[{i}]") for i, t in enumerate(thresholds)]
-    for name, flag in (("abs_value", abs_value), ("progress", progress)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    setup = _prepare(model, clean_x, corrupted_x, metric, population, chunk_size)
-    return [_search(setup, tau, abs_value, progress) for tau in taus]
+    return _run(
+        model,
+        clean_x,
+        corrupted_x,
+        {"thresholds": thresholds, "relative_thresholds": relative_thresholds},
+        single=False,
+        metric=metric,
+        population=population,
+        abs_value=abs_value,
+        chunk_size=chunk_size,
+        progress=progress,
+    )
 
 
 # -- arguments and the shared runs --------------------------------------------------------
 
 
-def _check_threshold(value: object, name: str) -> float:
+def _run(
+    model: object,
+    clean_x: object,
+    corrupted_x: object,
+    given: dict[str, object],
+    *,
+    single: bool,
+    metric: object,
+    population: object,
+    abs_value: object,
+    chunk_size: object,
+    progress: object,
+) -> list[CircuitResult]:
+    """The search at each threshold; ``given`` maps the two threshold arguments (absolute
+    first, then relative) to their values, ``None`` where not passed; ``single``: each is
+    one number (:func:`discover_circuit`), else a sequence."""
+    absolute, relative = given
+    chosen = [name for name, value in given.items() if value is not None]
+    if len(chosen) == 2:
+        raise ValueError(
+            f"pass {absolute}= (in the metric's units) or {relative}= (fractions of the "
+            "metric gap), not both"
+        )
+    name = chosen[0] if chosen else None
+    taus = [] if name is None else _check_thresholds(given[name], name, single, name == relative)
+    for flag_name, flag in (("abs_value", abs_value), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
+    assert isinstance(abs_value, bool) and isinstance(progress, bool)
+    setup = _prepare(model, clean_x, corrupted_x, metric, population, chunk_size)
+    if name is None:
+        caller = "discover_circuit" if single else "circuit_threshold_sweep"
+        raise TypeError(
+            f"{caller} needs a threshold: " + _missing_threshold(setup, absolute, relative)
+        )
+    if name == absolute:
+        return [_search(setup, tau, None, abs_value, progress) for tau in taus]
+    gap = abs(setup.corrupted_metric - setup.full_metric)
+    if gap == 0:
+        raise ValueError(
+            f"{relative}: the metric gap is 0 (the metric is {setup.full_metric:g} with every "
+            f"edge kept and with every edge removed), so a fraction of it is no threshold; "
+            f"pass {absolute}= in the metric's units"
+        )
+    return [_search(setup, r * gap, r, abs_value, progress) for r in taus]
+
+
+def _missing_threshold(setup: "_Setup", absolute: str, relative: str) -> str:
+    """What to pass when neither threshold is: the scale to read one against."""
+    full, corrupted = setup.full_metric, setup.corrupted_metric
+    gap = abs(corrupted - full)
+    return (
+        f"give {absolute}= (in the metric's units) or {relative}= (fractions of the metric "
+        f"gap). On these inputs the metric is {full:.4g} with every edge kept and "
+        f"{corrupted:.4g} with every edge removed: a gap of {gap:.4g}, the scale of a "
+        f"threshold ({relative}=0.01 means tau = {0.01 * gap:.3g}). A larger threshold keeps "
+        "fewer edges; to choose, sweep a few, e.g. vi.circuit_threshold_sweep(..., "
+        "relative_thresholds=[1e-3, 1e-2, 1e-1])"
+    )
+
+
+def _check_thresholds(value: object, name: str, single: bool, relative: bool) -> list[float]:
+    """The threshold(s) of argument ``name`` as floats, each finite and ``>= 0``."""
+    if single:
+        return [_check_threshold(value, name, relative)]
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of numbers, got {value!r}")
+    if not value:
+        raise ValueError(f"{name} is empty: give at least one threshold")
+    return [_check_threshold(t, f"{name}[{i}]", relative) for i, t in enumerate(value)]
+
+
+def _check_threshold(value: object, name: str, relative: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number >= 0, got {value!r}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"{name} must be a finite number >= 0 (in the metric's units), got {value}"
-        )
+        unit = "a fraction of the metric gap" if relative else "in the metric's units"
+        raise ValueError(f"{name} must be a finite number >= 0 ({unit}), got {value}")
     return float(value)
 
 
@@ -311,13 +429,10 @@ def _prepare(
     chunk_size: object,
 ) -> _Setup:
     model = check_model(model)
-    hooked = sorted(name for name, point in model.hook_dict.items() if point.has_hooks)
-    if hooked:
-        raise ValueError(
-            f"the model has hooks attached ({', '.join(hooked[:3])}"
-            f"{', ...' if len(hooked) > 3 else ''}): circuit discovery computes the circuit "
-            "from the weights and would not run them; remove them (model.reset_hooks()) first"
-        )
+    _refuse_hooks(model)
+    refuse_non_finite(
+        dict(model.named_parameters()), "circuit discovery refuses a model with non-finite weights"
+    )
     if metric is not None and not callable(metric):
         raise TypeError(f"metric must be callable or None, got {type(metric).__name__}")
     if corrupted_x is not None:
@@ -363,8 +478,62 @@ def _prepare(
     setup = _Setup(model, graph, clean, corr, chosen, ablation, chunk)
     with torch.no_grad():
         setup.full_metric = float(_scalar(chosen(clean.output), clean.output))
+        _check_finite(setup.full_metric, "on the full model (every edge kept)")
         setup.corrupted_metric = _metrics(setup, 0, graph.valid[None])[0]
+        _check_finite(setup.corrupted_metric, "with every edge removed")
     return setup
+
+
+_KIND = {
+    "_forward_hooks": "forward",
+    "_forward_pre_hooks": "forward pre",
+    "_backward_hooks": "backward",
+    "_backward_pre_hooks": "backward pre",
+}  # nn.Module's hook dicts -> the hook they hold
+
+
+def _refuse_hooks(model: HookedVectorTransformer) -> None:
+    """Raise if a hook is attached that the split forward pass would not honour: a
+    vecinterp hook (any thread's), a PyTorch module hook on any submodule, or a global
+    PyTorch module hook. The pass reads the weights and calls only some submodules, on
+    tensors tiled by trial: such a hook would be skipped or see other tensors."""
+    hooked = sorted(name for name, point in model.hook_dict.items() if point.has_hooks)
+    if hooked:
+        raise ValueError(
+            f"the model has hooks attached ({', '.join(hooked[:3])}"
+            f"{', ...' if len(hooked) > 3 else ''}): circuit discovery computes the circuit "
+            "from the weights and would not run them; remove them (model.reset_hooks()) first"
+        )
+    found = [
+        f"{name or 'the model'} ({_KIND[kind]} hook)"
+        for name, module in model.named_modules()
+        for kind in _KIND
+        if getattr(module, kind, None)
+    ]
+    found += [
+        f"a global {_KIND[kind]} hook (torch.nn.modules.module.register_module_*_hook)"
+        for kind in _KIND
+        if getattr(nn.modules.module, "_global" + kind)
+    ]
+    if found:
+        where = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(
+            f"the model has PyTorch module hooks attached: {where}. Circuit discovery "
+            "computes the circuit from the weights, calling only some submodules on "
+            "tensors tiled by trial, so such a hook would be skipped or run on other "
+            "tensors than in the model's forward; remove it (the handle's .remove()) first"
+        )
+
+
+def _check_finite(value: float, where: str) -> None:
+    """Raise if a metric value is NaN or infinite; ``where`` says which circuit."""
+    if not math.isfinite(value):
+        raise ValueError(
+            f"metric is {value} {where}: ACDC compares changes of the metric with the "
+            "threshold, and a NaN or infinite value makes every comparison meaningless (a "
+            "log of an MSE that is 0 on the full model gives -inf: add a floor, "
+            "log(mse + eps), or use the MSE itself); make the metric finite on every circuit"
+        )
 
 
 def _metrics(setup: _Setup, group: int, removed: torch.Tensor) -> list[float]:
@@ -386,7 +555,9 @@ def _metrics(setup: _Setup, group: int, removed: torch.Tensor) -> list[float]:
 # -- the search ---------------------------------------------------------------------------
 
 
-def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> CircuitResult:
+def _search(
+    setup: _Setup, tau: float, relative: float | None, abs_value: bool, progress: bool
+) -> CircuitResult:
     start_time = time.perf_counter()
     graph = setup.graph
     removed = torch.zeros_like(graph.valid)  # on the CPU, as every mask: bookkeeping
@@ -411,6 +582,9 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
                 values = _metrics(setup, graph.group_of[r], trials)
                 n_passes, n_trials = n_passes + 1, n_trials + k
                 for j, value in enumerate(values):
+                    if not math.isfinite(value):
+                        edge = (graph.senders[candidates[i + j]], graph.receivers[r])
+                        _check_finite(value, _trial(edge, int(removed.sum())))
                     change = value - current
                     scores[(candidates[i + j], r)] = change
                     if (abs(change) if abs_value else change) <= tau:
@@ -423,6 +597,7 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
                     i, chunk = i + k, min(2 * chunk, setup.chunk)
         n_pruned = _prune(graph, removed) if setup.ablation == "corrupted" else 0
         final = _metrics(setup, 0, removed[None])[0]
+        _check_finite(final, f"on the circuit found at tau = {tau:g}")
     kept = (graph.valid & ~removed).nonzero().tolist()
     edges = [(_spec(graph.senders[s]), _spec(graph.receivers[r])) for r, s in kept]
     on_edges = {graph.senders[s] for r, s in kept} | {_owner(graph.receivers[r]) for r, s in kept}
@@ -447,6 +622,16 @@ def _search(setup: _Setup, tau: float, abs_value: bool, progress: bool) -> Circu
         n_passes=n_passes,
         n_trials=n_trials,
         n_pruned=n_pruned,
+        relative_threshold=relative,
+    )
+
+
+def _trial(edge: tuple[_Node, _Node], n_removed: int) -> str:
+    """Which trial a metric value came from, for a message."""
+    sender, receiver = (_name(_spec(node)) for node in edge)
+    return (
+        f"on the trial that removes the edge {sender} -> {receiver} (with the {n_removed} "
+        "edges removed before it)"
     )
 
 
