@@ -797,5 +797,7 @@ def test_the_how_to_page_example_runs(tmp_path, monkeypatch):
     result, sweep, own = namespace["result"], namespace["sweep"], namespace["own"]
     assert 0 < result.n_kept < result.n_edges == 3 * 4 + 1 + 4 + 3 * 4 * 6 + 1 + 9 + 1 + 10
     assert [r.ablation for r in sweep] == ["mean", "mean"]
+    assert [r.relative_threshold for r in sweep] == [0.003, 0.03]
+    assert namespace["same"].edges == result.edges  # relative 0.01 = 0.01 * the gap
     assert own.full_metric == 0.0
     assert (tmp_path / "circuit.png").is_file()
