@@ -383,6 +383,57 @@ def test_error_cache_missing_or_from_another_batch(setup):
         attribution_patching(model, clean, corrupted, metric, "resid_pre", clean_cache=doubled)
 
 
+def test_a_clean_cache_of_another_input_is_refused(setup):
+    model, clean, corrupted, metric = setup
+    w_e = model.embed.W_E.detach()
+    shifted = clean.clone()
+    shifted[:, 2] += 1.0  # one position of clean_x changed
+    for other in (corrupted, shifted):
+        _, cache = model.run_with_cache(other)
+        # the largest difference of the embeddings, computed apart: (other - clean) W_E
+        gap = ((other - clean) @ w_e).abs().max().item()
+        for fn in (attribution_patching, activation_patching):
+            with pytest.raises(ValueError, match="clean_cache was not made from clean_x") as info:
+                fn(model, clean, corrupted, metric, "z", clean_cache=cache)
+            said = float(re.search(r"by up to (\S+) ", str(info.value)).group(1))
+            assert said == pytest.approx(gap, rel=5e-3)  # printed to 3 digits
+            with pytest.raises(ValueError, match="clean_cache was not made from clean_x"):
+                fn(model, clean, corrupted, metric, "z", clean_cache=dict(cache))
+
+
+def test_a_clean_cache_of_clean_x_is_accepted_with_hooks_and_filters(setup):
+    model, clean, corrupted, metric = setup
+    # a hook that edits hook_embed, attached while the cache is made and while patching:
+    # the cached hook_embed is then not W_E x + b_E, and it is no reason to refuse
+    double = [("hook_embed", lambda act, hook: 2 * act)]
+    with model.hooks(fwd_hooks=double):
+        _, cache = model.run_with_cache(clean)
+        given = attribution_patching(model, clean, corrupted, metric, "z", clean_cache=cache)
+        computed = attribution_patching(model, clean, corrupted, metric, "z")
+    torch.testing.assert_close(given, computed, rtol=1e-12, atol=1e-12)
+    # a cache without hook_embed cannot be checked, and is taken as given
+    _, partial = model.run_with_cache(corrupted, names_filter=lambda n: n.endswith("hook_z"))
+    attribution_patching(model, clean, corrupted, metric, "z", clean_cache=partial)
+
+
+def test_a_non_finite_difference_names_the_run_it_comes_from():
+    # W_E = 10 and inputs of 1e307: the embedding overflows to inf in the clean run, with
+    # finite inputs and weights and no clean_cache passed
+    cfg = tiny_cfg(normalization=None)
+    model = random_model(cfg)
+    with torch.no_grad():
+        model.embed.W_E.fill_(10.0)
+    huge = torch.full((BATCH, N_POS, cfg.d_in), 1e307, dtype=torch.float64)
+    _, small = inputs(cfg)
+    metric = lambda y: y.sum()  # noqa: E731
+    n = BATCH * N_POS * cfg.d_model  # every entry of hook_embed is inf
+    with pytest.raises(ValueError, match=f"{n} entries: the clean run on clean_x holds") as info:
+        attribution_patching(model, huge, small, metric, "hook_embed", by="layer")
+    assert "clean_cache" not in str(info.value)
+    with pytest.raises(ValueError, match=f"{n} entries: the corrupted run on corrupted_x in {n}"):
+        attribution_patching(model, small, huge, metric, "hook_embed", by="layer")
+
+
 @pytest.mark.parametrize(
     "metric, message",
     [

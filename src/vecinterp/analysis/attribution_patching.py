@@ -100,6 +100,8 @@ def attribution_patching(
         by: ``"layer_pos"`` (default), ``"layer"``, ``"head"`` or ``"head_pos"``.
         clean_cache: the clean run's activations (an :class:`~vecinterp.ActivationCache`
             or a dict keyed by full hook name); computed from ``clean_x`` when ``None``.
+            When it holds ``hook_embed``, that must be the model's embedding of
+            ``clean_x`` (a cache of another input is refused).
         chunk_size: accepted (and checked) so that a call written for
             ``activation_patching`` runs unchanged; every cell comes from the same two
             runs, so there is nothing to chunk.
@@ -110,10 +112,11 @@ def attribution_patching(
         as ``activation_patching``'s result.
 
     Raises:
-        ValueError: as ``activation_patching`` (shapes, hook names, ``by``, the cache);
-            also when the metric is not a one-element tensor attached to the output, when
-            a backward hook is attached (it could replace the gradient the estimate is
-            made of), or when ``a_clean - a_corr`` is not finite.
+        ValueError: as ``activation_patching`` (shapes, hook names, ``by``, the cache,
+            a cache not made from ``clean_x``); also when the metric is not a one-element
+            tensor attached to the output, when a backward hook is attached (it could
+            replace the gradient the estimate is made of), or when ``a_clean - a_corr`` is
+            not finite (the message says which run holds the NaN or inf).
 
     Example:
         >>> import torch, vecinterp as vi
@@ -160,13 +163,40 @@ def attribution_patching(
             # equal entries contribute nothing, also where both are -inf (masked scores)
             diff = torch.where(clean == corrupted, 0.0, clean - corrupted)
             if not bool(diff.isfinite().all()):
-                raise ValueError(
-                    f"the clean activation minus the corrupted one at {name!r} contains NaN "
-                    "or inf (a clean_cache holding non-finite values?)"
-                )
+                raise ValueError(_non_finite(name, diff, clean, corrupted, clean_cache is None))
             values.append(_cell_sums(diff * grads[name], _KEPT_AXES[layout][by]))
     result = torch.stack(values)
     return result if layered else result[0]
+
+
+def _non_finite(
+    name: str, diff: torch.Tensor, clean: torch.Tensor, corrupted: torch.Tensor, computed: bool
+) -> str:
+    """The message for a non-finite ``a_clean - a_corr`` at ``name``: which run it comes
+    from (``computed``: the clean activation came from a run on ``clean_x``, not from a
+    ``clean_cache``)."""
+    bad = ~diff.isfinite()
+    n_clean = int((bad & ~clean.isfinite()).sum())
+    n_corrupted = int((bad & ~corrupted.isfinite()).sum())
+    source = "the clean run on clean_x" if computed else "clean_cache"
+    parts = [f"{source} holds NaN or inf in {n_clean} of those entries"] if n_clean else []
+    if n_corrupted:
+        parts.append(f"the corrupted run on corrupted_x in {n_corrupted}")
+    cause = (
+        "; ".join(parts)
+        if parts
+        else "both activations are finite there, but their difference overflows"
+    )
+    hint = (
+        "the inputs are finite, so the model overflows on them (check the scale of the "
+        "inputs and of the weights)"
+        if n_corrupted or computed
+        else "pass the cache of model.run_with_cache(clean_x), or clean_cache=None"
+    )
+    return (
+        f"the clean activation minus the corrupted one at {name!r} contains NaN or inf in "
+        f"{int(bad.sum())} entries: {cause}; {hint}"
+    )
 
 
 def _refuse_backward_hooks(model: HookedVectorTransformer) -> None:

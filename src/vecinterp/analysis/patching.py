@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..cache import act_name
 from ..hooks import HookFn, HookPoint
+from ..hooks.hook_point import idle
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input
 from ._validate import check_model
@@ -150,12 +151,22 @@ def activation_patching(
         by: ``"layer_pos"`` (default), ``"layer"``, ``"head"`` or ``"head_pos"``.
         clean_cache: the clean run's activations (an :class:`~vecinterp.ActivationCache`
             or a dict keyed by full hook name); computed from ``clean_x`` when ``None``.
+            When it holds ``hook_embed`` (``run_with_cache`` without a ``names_filter``
+            keeps it), that must be the model's embedding of ``clean_x``: a cache of
+            another input (e.g. of ``corrupted_x``) is refused. A cache without it is
+            taken as given (a dict of one's own activations is a legitimate what-if).
         chunk_size: cells (copies of the batch) per forward pass, to bound memory;
             ``None`` picks ``max(1, 512 // batch)``.
         progress: show a progress bar over the forward passes.
 
     Returns:
         The metric per cell, shaped as in the table above (float, on the model's device).
+
+    Raises:
+        ValueError: inputs of different shapes or not valid for the model; an unknown
+            hook name or ``by``; a ``clean_cache`` missing a swept hook point, of another
+            batch, or not made from ``clean_x``; a metric that does not return a scalar.
+        TypeError: a metric that is not callable, a ``clean_cache`` that is no mapping.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -301,7 +312,45 @@ def _clean_activations(
                 f"model.run_with_cache(clean_x) without a names_filter that excludes it"
             )
         acts[name] = clean_cache[name]
+    _check_cache_input(model, clean_x, clean_cache)
     return acts
+
+
+def _check_cache_input(
+    model: HookedVectorTransformer, clean_x: torch.Tensor, clean_cache: Mapping[str, torch.Tensor]
+) -> None:
+    """Refuse a ``clean_cache`` that was not made from ``clean_x``: its ``hook_embed`` (the
+    input's record in a cache, ``x W_E + b_E``) must be this model's embedding of ``clean_x``.
+
+    One small matmul, so every call can afford it. Not checked when the cache has no
+    ``hook_embed`` (a ``names_filter`` left it out, or a dict built by hand, e.g. to try
+    activations of one's own), when a hook edited it in that run (``edited_points``) or
+    something watches it now (its hooks are part of the model here), or when its shape
+    differs (the per-point shape check reports that). The tolerance, ``sqrt(eps)`` of the
+    dtype times the largest entry, admits any kernel's rounding (the same computation
+    gives the same bits on one device) and no other input: a batch that differs at one
+    position differs there by the size of an embedding."""
+    if "hook_embed" not in clean_cache:
+        return
+    edited: frozenset[str] = getattr(clean_cache, "edited_points", frozenset())
+    if "hook_embed" in edited or not idle(model.hook_dict["hook_embed"]):
+        return
+    cached = clean_cache["hook_embed"]
+    with torch.no_grad():
+        fresh = model.embed(clean_x)
+        if not isinstance(cached, torch.Tensor) or cached.shape != fresh.shape:
+            return
+        cached = cached.to(device=fresh.device, dtype=fresh.dtype)
+        scale = float(fresh.abs().max())
+        diff = float((cached - fresh).abs().max())
+    if not diff <= torch.finfo(fresh.dtype).eps ** 0.5 * scale:
+        raise ValueError(
+            f"clean_cache was not made from clean_x: its hook_embed differs from this "
+            f"model's embedding of clean_x by up to {diff:.3g} (the largest entry is "
+            f"{scale:.3g}); pass the cache of model.run_with_cache(clean_x), not of "
+            "corrupted_x or another batch, made with the model's current weights (or "
+            "clean_cache=None to compute it)"
+        )
 
 
 def _start_layer(name: str) -> int:
