@@ -2231,7 +2231,7 @@ def factored_cases(c: Catalogue) -> None:
     c.add(
         "bfloat16 model: composition_scores",
         "tl-habits",
-        lambda fx: vi.composition_scores(fx.model(dtype=torch.bfloat16)),
+        lambda fx: vi.composition_scores(fx.model(dtype=torch.bfloat16), kind="K"),
         names=("dtype", "bfloat16"),
         ok_if_accepted=True,
         scan=VALID_PAIRS,
@@ -2353,14 +2353,14 @@ def analysis_cases(c: Catalogue) -> None:
     c.add(
         "composition_scores(baseline='yes')",
         "analysis.scores",
-        lambda fx: vi.composition_scores(fx.model(), baseline="yes"),
+        lambda fx: vi.composition_scores(fx.model(), kind="K", baseline="yes"),
         names="baseline",
         scan=VALID_PAIRS,
     )
     c.add(
         "composition_scores of a 1-layer model",
         "analysis.scores",
-        lambda fx: vi.composition_scores(fx.model(n_layers=1)),
+        lambda fx: vi.composition_scores(fx.model(n_layers=1), kind="K"),
         names="n_layers",
         ok_if_accepted=True,
         scan=VALID_PAIRS,
@@ -2369,7 +2369,7 @@ def analysis_cases(c: Catalogue) -> None:
         c.add(
             f"composition_baseline(n_samples={n})",
             "analysis.scores",
-            lambda fx, v=n: vi.composition_baseline(fx.model(), n_samples=v),
+            lambda fx, v=n: vi.composition_baseline(fx.model(), kind="K", n_samples=v),
             names="n_samples",
         )
     c.add(
@@ -2378,8 +2378,16 @@ def analysis_cases(c: Catalogue) -> None:
         lambda fx: vi.composition_baseline(fx.model(), kind="X"),
         names="kind",
     )
+    c.add(
+        "composition_scores without kind",
+        "analysis.scores",
+        lambda fx: vi.composition_scores(fx.model()),
+        names="kind",
+        scan=VALID_PAIRS,
+    )
     ablation_cases(c)
     patching_cases(c)
+    circuit_discovery_cases(c)
     attribution_cases(c)
     geometry_cases(c)
     detector_cases(c)
@@ -2752,6 +2760,11 @@ def patching_cases(c: Catalogue) -> None:
             lambda fx: dict(clean_cache=fx.model().run_with_cache(fx.x(pos=3))[1]),
             ("clean_cache",),
         ),
+        (
+            "clean_cache made from corrupted_x",
+            lambda fx: dict(clean_cache=fx.model().run_with_cache(fx.x(seed=5))[1]),
+            ("clean_cache", "clean_x"),
+        ),
     ]:
         c.add(
             f"activation_patching: {label}",
@@ -2832,6 +2845,56 @@ def patching_cases(c: Catalogue) -> None:
             names=names,
             ok_if_accepted=ok,
         )
+
+
+def circuit_discovery_cases(c: Catalogue) -> None:
+    cat = "analysis.acdc"
+
+    def acdc(fx: Fx, model: Any = None, **kw: Any) -> Any:
+        args: dict[str, Any] = dict(threshold=1e-3, progress=False)
+        args.update(kw)
+        return vi.discover_circuit(model or fx.model(), fx.x(), fx.x(seed=5), **args)
+
+    def log_mse(fx: Fx) -> Any:
+        model = fx.model()
+        with torch.no_grad():
+            y = model(fx.x())
+        return acdc(fx, model, metric=lambda out: (out - y).pow(2).mean().log())
+
+    def nan_on_a_few_trials(fx: Fx) -> Any:
+        model, calls = fx.model(), []
+        with torch.no_grad():
+            y = model(fx.x())
+
+        def metric(out: torch.Tensor) -> torch.Tensor:
+            calls.append(None)
+            value = (out - y).pow(2).mean()
+            return value * NAN if len(calls) in (4, 7) else value
+
+        return acdc(fx, model, metric=metric, chunk_size=1)
+
+    def module_hook(fx: Fx) -> Any:
+        model = fx.model()
+        model.blocks[0].attn.register_forward_hook(lambda m, args, out: out * 0)
+        return acdc(fx, model)
+
+    for label, run, names in [
+        ("log-MSE metric (-inf on the full model)", log_mse, ("metric",)),
+        ("metric NaN on two trials", nan_on_a_few_trials, ("metric",)),
+        (
+            "a NaN weight",
+            lambda fx: acdc(fx, nan_weight_model(fx)),
+            ("blocks.0.attn.W_Q",),
+        ),
+        ("a PyTorch forward hook on blocks.0.attn", module_hook, ("blocks.0.attn",)),
+        ("no threshold", lambda fx: acdc(fx, threshold=None), ("threshold",)),
+        (
+            "threshold and relative_threshold",
+            lambda fx: acdc(fx, relative_threshold=0.1),
+            ("threshold", "relative_threshold"),
+        ),
+    ]:
+        c.add(f"discover_circuit: {label}", cat, run, names=names)
 
 
 def attribution_cases(c: Catalogue) -> None:

@@ -342,7 +342,7 @@ def test_composition_baseline_equals_its_dense_definition_whatever_the_chunking(
     """Sample i draws the flattened factors A1, B1, A2, B2 as one row of the stream."""
     d_model, d_head, n = 16, 3, 7
     model = random_model(tiny_cfg(d_model=d_model, d_head=d_head))
-    whole = composition_baseline(model, n_samples=n, seed=2).samples
+    whole = composition_baseline(model, "K", n_samples=n, seed=2).samples
     flat = torch.randn(
         n, 4 * d_model * d_head, generator=torch.Generator().manual_seed(2), dtype=F64
     )
@@ -353,7 +353,7 @@ def test_composition_baseline_equals_its_dense_definition_whatever_the_chunking(
     torch.testing.assert_close(whole, norm(L @ R) / (norm(L) * norm(R)), atol=1e-12, rtol=1e-10)
     # force chunks of 2 samples (and a last one of 1): the same samples come out
     monkeypatch.setattr(scores, "_BASELINE_CHUNK_ENTRIES", 2 * 4 * d_model * d_head)
-    assert torch.equal(composition_baseline(model, n_samples=n, seed=2).samples, whole)
+    assert torch.equal(composition_baseline(model, "K", n_samples=n, seed=2).samples, whole)
 
 
 # ---------------------------------------------------------------- errors
@@ -403,7 +403,20 @@ def test_bad_layers_and_samples(model):
     with pytest.raises(ValueError, match="layer must be"):
         pos_qk_circuit(model, layer=-4)
     with pytest.raises(ValueError, match="n_samples must be an int >= 2"):
-        composition_baseline(model, n_samples=1)
+        composition_baseline(model, "K", n_samples=1)
+
+
+def test_every_score_with_a_kind_requires_it(model):
+    # one rule: the argument that selects the quantity has no default (K was one before)
+    for fn in (composition_scores, composition_baseline):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}\(model, kind=...\) needs kind, one "
+                           r"of \('Q', 'K', 'V'\)"):  # fmt: skip
+            fn(model)
+    with pytest.raises(ValueError, match=r"eigenvalue_scores\(model, kind=...\) needs kind"):
+        eigenvalue_scores(model)
+    # positional kinds still work, and are the keyword ones
+    by_position, by_keyword = composition_scores(model, "Q"), composition_scores(model, kind="Q")
+    torch.testing.assert_close(by_position, by_keyword, rtol=0, atol=0, equal_nan=True)
 
 
 def test_wrong_types(model):

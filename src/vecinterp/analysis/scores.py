@@ -47,6 +47,18 @@ def _check_kind(kind: object, allowed: tuple[str, ...], what: str) -> str:
     return kind
 
 
+def _required(kind: object, what: str) -> object:
+    """``kind``, or a ``ValueError`` when it was left out: composition has three kinds and
+    none is the obvious one (TransformerLens's ``all_composition_scores(mode)`` requires it
+    too), so no default silently picks one."""
+    if kind is None:
+        raise ValueError(
+            f"{what}(model, kind=...) needs kind, one of {_COMPOSITION_KINDS}: "
+            "Q-, K- or V-composition (there is no default)"
+        )
+    return kind
+
+
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """``num / den``, and 0 where ``den == 0`` (never NaN)."""
     nonzero = den > 0
@@ -201,7 +213,7 @@ def _composition_factors(
 
 def composition_scores(
     model: HookedVectorTransformer,
-    kind: str = "K",
+    kind: str | None = None,
     baseline: bool = False,
     *,
     fold_ln: bool = False,
@@ -228,8 +240,9 @@ def composition_scores(
 
     Entries with ``l1 >= l2`` (a head cannot compose with itself, a head of its own layer,
     or a later one) are NaN, so that they stand out and cannot pass for "no
-    composition"; use ``torch.nan_to_num`` or ``torch.nanmean``-style reductions. A pair
-    in which either matrix is zero scores 0.
+    composition"; use ``torch.nan_to_num`` or ``torch.nanmean``-style reductions.
+    (TransformerLens's ``all_composition_scores`` puts 0 there, which a mean over the grid
+    counts as pairs that do not compose.) A pair in which either matrix is zero scores 0.
 
     Norms are computed from the factors, as :meth:`FactoredMatrix.norm` does: with reduced
     QRs ``W_left = Q_1 R_1`` (the left factor of ``L``) and ``W_right^T = Q_2 R_2`` (the
@@ -243,7 +256,11 @@ def composition_scores(
 
     Args:
         model: the transformer.
-        kind: ``"Q"``, ``"K"`` or ``"V"``.
+        kind: ``"Q"``, ``"K"`` or ``"V"``; required. The library's rule: an argument that
+            selects which quantity is computed has no default (:func:`eigenvalue_scores`
+            and :func:`composition_baseline` too), so that a call never reports K
+            composition to someone who meant Q. ``None`` (left out) raises a
+            ``ValueError`` listing the kinds.
         baseline: subtract the mean score of random matrices of the same shapes
             (:func:`composition_baseline` with its defaults) from every defined entry.
         fold_ln: score ``vi.fold_layer_norm(model)`` (the model is not modified).
@@ -251,6 +268,11 @@ def composition_scores(
     Returns:
         ``[n_layers, n_heads, n_layers, n_heads]``, the model's dtype (``float32`` for a
         ``float16``/``bfloat16`` model, computed in ``float32``); NaN where ``l1 >= l2``.
+
+    Raises:
+        ValueError: ``kind`` left out or not one of ``"Q"``, ``"K"``, ``"V"``.
+        TypeError: ``model`` is not a model, ``kind`` not a str, ``baseline`` or
+            ``fold_ln`` not a bool.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -264,7 +286,9 @@ def composition_scores(
         (True, True)
     """
     check_model(model)
-    kind = _check_kind(kind, _COMPOSITION_KINDS, "composition_scores")
+    kind = _check_kind(
+        _required(kind, "composition_scores"), _COMPOSITION_KINDS, "composition_scores"
+    )
     if not isinstance(baseline, bool):
         raise TypeError(f"baseline must be a bool, got {type(baseline).__name__}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
@@ -317,7 +341,7 @@ class CompositionBaseline(NamedTuple):
 
 def composition_baseline(
     model: HookedVectorTransformer,
-    kind: str = "K",
+    kind: str | None = None,
     n_samples: int = 200,
     seed: int = 0,
     progress: bool = False,
@@ -339,7 +363,7 @@ def composition_baseline(
 
     Args:
         model: the transformer (only its shapes are used).
-        kind: ``"Q"``, ``"K"`` or ``"V"``.
+        kind: ``"Q"``, ``"K"`` or ``"V"``; required, as in :func:`composition_scores`.
         n_samples: number of random pairs (≥ 2, for the std).
         seed: seed of a private ``torch.Generator`` (the global RNG is left alone).
         progress: show a progress bar over chunks of samples.
@@ -358,7 +382,7 @@ def composition_baseline(
         (True, torch.Size([100]))
     """
     check_model(model)
-    _check_kind(kind, _COMPOSITION_KINDS, "composition_baseline")
+    _check_kind(_required(kind, "composition_baseline"), _COMPOSITION_KINDS, "composition_baseline")
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
         raise ValueError(f"n_samples must be an int >= 2, got {n_samples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
