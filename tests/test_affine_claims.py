@@ -137,16 +137,35 @@ def test_eval_ablation_and_patch_match_the_library_on_whole_passes(result):
     kw = dict(dim=4, dtype=torch.float64)
     eval_set = ar.fixed_eval_set(s["eval_batches"], s["eval_batch_size"], seed=10_000, **kw)
     assert v["mse"] == pytest.approx(vi.evaluate(model, eval_set), rel=1e-12)
-    pop = ar.generate(s["population"], length=14, seed=30_000, **kw).inputs
-    means = vi.mean_activations(model, pop, "blocks.1.attn.hook_z")
+    # claim 9's population: stratified by length, population // 12 sequences of each
+    lengths = sorted({b.length for b in eval_set})
+    assert lengths == list(range(3, 15))
+    per = s["population"] // len(lengths)
+    assert v["population_per_length"] == per and v["population"] == per * len(lengths)
+    means = {
+        n: vi.mean_activations(
+            model, ar.generate(per, length=n, seed=30_000 + n, **kw).inputs, "blocks.1.attn.hook_z"
+        )
+        for n in lengths
+    }
 
-    def mse(batches, **ablation):
-        outs = [vi.ablate_heads(model, b.inputs, **ablation) for b in batches]
+    def mse(batches, population=None, **ablation):
+        outs = [
+            vi.ablate_heads(model, b.inputs, population=population or means[b.length], **ablation)
+            for b in batches
+        ]
         losses = [vi.masked_mse(o, b.targets, b.loss_mask) for o, b in zip(outs, batches)]
         return float(sum(losses)) / len(losses)
 
-    joint = mse(eval_set, heads={1: list(range(5))}, kind="mean", population=means)
+    everything = {1: list(range(5))}
+    joint = mse(eval_set, heads=everything, kind="mean")
     assert v["ablate_joint"] == pytest.approx(joint, rel=1e-10)
+    # the former measurement: length-14 means sliced to every length
+    longest = mse(eval_set, heads=everything, kind="mean", population=means[14])
+    assert v["ablate_joint_longest"] == pytest.approx(longest, rel=1e-10)
+    assert v["ablate_joint_zero"] == pytest.approx(mse(eval_set, heads=everything), rel=1e-10)
+    # the two populations differ, so the readings do
+    assert abs(joint - longest) > 1e-6 * joint
     rows = slice(0, s["sweep_batch_size"])
     sweep = [
         ar.AffineBatch(
@@ -155,7 +174,7 @@ def test_eval_ablation_and_patch_match_the_library_on_whole_passes(result):
         for b in eval_set[: s["sweep_batches"]]
     ]
     for h in range(5):
-        single = mse(sweep, heads=(1, h), kind="mean", population=means)
+        single = mse(sweep, heads=(1, h), kind="mean")
         assert v["ablate_heads"][h] == pytest.approx(single, rel=1e-10)
     assert v["sweep_base"] == pytest.approx(vi.evaluate(model, sweep), rel=1e-12)
     patched = vi.patch_qk_identity(model, 2, [0, 1, 2, 3, 4], seed=0)
@@ -187,14 +206,34 @@ def test_the_model_given_is_not_modified():
 
 
 def test_result_has_thirteen_claims_each_with_readings_and_reasons(result):
-    assert [c.number for c in result.claims] == list(range(1, 14))
+    labels = [str(n) for n in range(1, 10)] + ["10a", "10b"] + ["11", "12", "13"]
+    assert [c.label for c in result.claims] == labels
     for c in result.claims:
-        assert (c.claim, c.paper) == ac.CLAIMS[c.number]
+        claims = ac.CLAIM_PARTS if c.part == "b" else ac.CLAIMS
+        assert (c.claim, c.paper) == claims[c.label if c.part == "b" else c.number]
         assert c.verdict in ac.VERDICTS
         assert c.basis and c.headline and c.primary.text
         names = [c.primary.name] + [r.name for r in c.alternatives]
         assert len(set(names)) == len(names)
-    assert {c.number for c in result.claims if len(c.alternatives) >= 2} >= {3, 4, 6, 8, 11, 13}
+    assert {c.label for c in result.claims if len(c.alternatives) >= 2} >= {
+        "3",
+        "4",
+        "6",
+        "8",
+        "9",
+        "10b",
+        "11",
+        "13",
+    }
+
+
+def test_a_claim_judged_in_parts_is_found_by_its_label_and_not_by_its_number(result):
+    assert result["10a"].part == "a" and result["10b"].part == "b"
+    assert result[6] is result["6"]
+    with pytest.raises(KeyError, match="judged in parts.*10a.*10b"):
+        result[10]
+    with pytest.raises(KeyError, match="no claim 14"):
+        result[14]
 
 
 def test_progress_reports_every_analysis_in_order(result):
@@ -242,7 +281,8 @@ def test_models_the_claims_do_not_apply_to_are_refused():
 
 
 def _verdict(result, number, **changes):
-    return ac.judge_claims(dict(result.values, **changes))[number - 1].verdict
+    values = dict(result.values, **changes)
+    return ac.ClaimsResult(ac.judge_claims(values), values, {}, {})[number].verdict
 
 
 @pytest.mark.parametrize(
@@ -287,16 +327,22 @@ def test_claim_6_thresholds(result, r2, slope, verdict):
 
 
 @pytest.mark.parametrize(
-    ("heads", "verdict"),
-    [
-        ([1.0, 2.0, 3.0, 1.5, 1.1], "holds"),  # every head at most x3
-        ([3.01, 1.0, 1.0, 1.0, 40.0], "partly"),  # 3 of 5
-        ([3.01, 3.01, 9.0, 1.0, 1.0], "does not hold"),  # 2 of 5
-    ],
+    ("joint", "verdict"),
+    [(3.0, "holds"), (3.01, "partly"), (10.0, "partly"), (10.01, "does not hold")],
 )
-def test_claim_9_thresholds_on_the_single_head_reading(result, heads, verdict):
-    claim = ac.judge_claims(dict(result.values, sweep_base=1.0, ablate_heads=heads))[8]
-    assert claim.verdict == verdict and claim.primary.name == "single_head"
+def test_claim_9_thresholds_on_the_joint_reading(result, joint, verdict):
+    # the paper's one figure for "the first layer heads": the layer's heads together
+    claim = ac.judge_claims(dict(result.values, mse=1.0, ablate_joint=joint))[8]
+    assert claim.verdict == verdict and claim.primary.name == "joint"
+    assert f"x{joint:.0f}" in claim.primary.text
+
+
+def test_claim_9_single_heads_are_a_reading_that_does_not_change_the_verdict(result):
+    values = dict(result.values, sweep_base=1.0, ablate_heads=[1.0, 2.0, 3.0, 1.5, 1.1])
+    values.update(mse=1.0, ablate_joint=50.0)
+    claim = ac.judge_claims(values)[8]
+    single = next(r for r in claim.alternatives if r.name == "single_head")
+    assert claim.verdict == ac.NO and single.key and "5/5 heads <= x3" in single.text
 
 
 @pytest.mark.parametrize(
@@ -307,12 +353,31 @@ def test_claim_11_thresholds(result, ratio, verdict):
     assert _verdict(result, 11, mse=1.0, qk_patch=ratio) == verdict
 
 
-def test_claim_10_needs_every_ov_score_negative_and_every_qk_score_positive(result):
+def _claim_10(result, **changes):
+    claims = ac.judge_claims(dict(result.values, **changes))
+    return claims[9], claims[10]
+
+
+def test_claim_10a_needs_every_layer_2_ov_score_negative(result):
     ov = [[0.0] * 5, [0.0] * 5, [-0.9] * 5]
-    assert _verdict(result, 10, ov_scores=ov, qk_scores=[[0.0] * 5] * 2 + [[0.5] * 5]) == "holds"
-    assert _verdict(result, 10, ov_scores=ov, qk_scores=[[0.0] * 5] * 3) == "partly"
+    assert _claim_10(result, ov_scores=ov)[0].verdict == "holds"
+    mostly = [[0.0] * 5, [0.0] * 5, [-0.9, -0.9, -0.9, 0.9, 0.9]]
+    assert _claim_10(result, ov_scores=mostly)[0].verdict == "partly"
     flipped = [[0.0] * 5, [0.0] * 5, [0.9, 0.9, 0.9, -0.9, -0.9]]
-    assert _verdict(result, 10, ov_scores=flipped, qk_scores=[[0.5] * 5] * 3) == "does not hold"
+    assert _claim_10(result, ov_scores=flipped)[0].verdict == "does not hold"
+
+
+def test_claim_10b_judges_the_size_of_the_qk_scores_in_the_paper_heads(result):
+    heads = [0, 1, 2, 3, 4]
+    qk = [[0.0] * 5, [0.0] * 5, [0.6] * 5]
+    a, b = _claim_10(result, qk_scores=qk, qk_heads=heads)
+    assert (a.label, b.label) == ("10a", "10b") and b.verdict == "holds"
+    # positive but small is not "close to the identity": sign alone no longer counts
+    small = [[0.0] * 5, [0.0] * 5, [0.3] * 5]
+    assert _claim_10(result, qk_scores=small, qk_heads=heads)[1].verdict == "does not hold"
+    three = [[0.0] * 5, [0.0] * 5, [0.6, 0.6, 0.6, 0.1, 0.1]]
+    b = _claim_10(result, qk_scores=three, qk_heads=heads)[1]
+    assert b.verdict == "partly" and b.primary.text.startswith("3/5")
 
 
 # ------------------------------------------------------------------------------ tables
@@ -335,7 +400,7 @@ def test_claims_table_markdown_and_text():
         "x1.9 \\| 6/8 (primary) | all at once: x101 | partly |",
     ]
     text = ac.claims_table(claims, fmt="text").splitlines()
-    assert text[0] == " 1  final eval MSE  [paper: 1e-4]  -> HOLDS"
+    assert text[0] == "  1  final eval MSE  [paper: 1e-4]  -> HOLDS"
     assert text[-1] == "    also: x101  (all at once)"
     with pytest.raises(ValueError, match="fmt"):
         ac.claims_table(claims, fmt="html")
@@ -390,7 +455,7 @@ def test_claims_report_has_the_robustness_table_the_reasons_and_the_figures(resu
     assert "## Robustness across models" in text and "| # | claim | paper | a | b |" in text
     assert "Wall time: 3.2 s." in text or "Wall time: 3.3 s." in text
     for c in result.claims:
-        assert f"**{c.number}. {c.claim}** — {c.verdict}." in text
+        assert f"**{c.label}. {c.claim}** — {c.verdict}." in text
         assert c.basis in text
     assert json.dumps(ac.THRESHOLDS) in text
     assert "![loss.png](loss.png)" in text

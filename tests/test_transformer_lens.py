@@ -123,7 +123,10 @@ def test_fixed_or_absent_positions_convert_as_learned_positions(positional):
     with torch.no_grad():
         torch.testing.assert_close(tl_forward_vectors(tl_model, x), model(x), rtol=1e-5, atol=1e-5)
     back = from_transformer_lens(tl_model)
-    assert back.cfg == cfg.replace(positional="learned")
+    # a TransformerLens model is initialised TransformerLens's way: the range carries over
+    assert back.cfg == cfg.replace(
+        positional="learned", init="transformer_lens", init_range=cfg.init_range
+    )
 
 
 def test_hooks_act_alike_on_both_models():
@@ -241,13 +244,30 @@ def test_round_trip_from_vecinterp_is_lossless(name):
     tl_model = to_transformer_lens(model)
     back = from_transformer_lens(tl_model)
     assert torch.equal(torch.get_rng_state(), rng)  # no global random state consumed
-    assert back.cfg == model.cfg
+    # every field but init, which says how TransformerLens initialises (its range kept)
+    assert back.cfg == model.cfg.replace(init="transformer_lens", init_range=model.cfg.init_range)
     assert_same_state(back, model)
     assert not back.training and not tl_model.training
     assert not back.blocks[0].attn.W_Q.requires_grad and back.blocks[0].attn.W_K.requires_grad
     # copies, not shared storage; the source is left as it was
     assert tl_model.W_E.data_ptr() != model.W_E.data_ptr() != back.W_E.data_ptr()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_init_converts_both_ways():
+    cfg = vi.VectorTransformerConfig(d_in=3, d_model=32, d_head=8, n_heads=4, n_layers=2, n_ctx=6)
+    for init in ("gpt2", "transformer_lens"):
+        model = vi.HookedVectorTransformer(cfg.replace(init=init), seed=0)
+        tl_model = to_transformer_lens(model)
+        assert tl_model.cfg.initializer_range == model.cfg.init_range
+        assert tl_model.cfg.init_mode == "gpt2"  # TransformerLens's own default
+        back = from_transformer_lens(tl_model)
+        assert back.cfg.init == "transformer_lens"
+        assert back.cfg.init_range == model.cfg.init_range
+    # TransformerLens's default range, 0.8 / sqrt(d_model), is init="transformer_lens"'s
+    tl_model = to_transformer_lens(vi.HookedVectorTransformer(cfg, seed=0))
+    tl_model.cfg.initializer_range = 0.8 / math.sqrt(32)
+    assert from_transformer_lens(tl_model).cfg == cfg.replace(init="transformer_lens")
 
 
 def tl_cfg(**overrides):

@@ -48,7 +48,9 @@ def targets_like(model, x, seed=1) -> torch.Tensor:
 
 def float_fields() -> list[str]:
     return [
-        f.name for f in dataclasses.fields(vi.VectorTransformerConfig) if f.type in (float, "float")
+        f.name
+        for f in dataclasses.fields(vi.VectorTransformerConfig)
+        if f.type in (float, "float", float | None, "float | None")
     ]
 
 

@@ -13,6 +13,8 @@ ACT_FNS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
 POSITIONALS = ("learned", "sinusoidal", "rotary", "none")
 INITS = ("gpt2", "transformer_lens")
+# the largest init_range: its draws (|z| < 40 in any realistic number of them) fit float16
+_MAX_INIT_RANGE = 1000.0
 
 # TransformerLens's HookedTransformerConfig names users type, and what they are here
 _TL_NAMES = {
@@ -83,9 +85,12 @@ class VectorTransformerConfig:
             trained with TransformerLens (or a fork of it) started from the second. Biases
             start at 0 and normalization weights at 1 either way.
         init_range: standard deviation of the normal initialisation of weight matrices;
-            ``None`` (the default) means the default of ``init``: 0.02 for ``"gpt2"``,
-            ``0.8 / sqrt(d_model)`` for ``"transformer_lens"``. :attr:`init_std` is the
-            value in use.
+            ``None`` (the default) sets the default of ``init``: 0.02 for ``"gpt2"``,
+            ``0.8 / sqrt(d_model)`` for ``"transformer_lens"``. The config stores the
+            number (so a config saved before ``init`` existed, with 0.02, equals today's
+            default), and :meth:`replace` that changes ``init`` (or ``d_model`` under
+            ``"transformer_lens"``) without naming ``init_range`` moves a default range to
+            the new default.
 
     Example:
         >>> import vecinterp as vi
@@ -151,6 +156,8 @@ class VectorTransformerConfig:
             raise ValueError(
                 f"VectorTransformerConfig.init must be one of {INITS}, got {self.init!r}"
             )
+        if self.init_range is None:
+            object.__setattr__(self, "init_range", self.default_init_range())
         for name in ("attn_only", "causal", "embed_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
@@ -174,6 +181,14 @@ class VectorTransformerConfig:
                     f"VectorTransformerConfig.{field.name} must be a positive number, got "
                     f"{value!r}, which is not finite"
                 )
+        if self.init_range is not None and self.init_range > _MAX_INIT_RANGE:
+            raise ValueError(
+                f"VectorTransformerConfig.init_range must be at most {_MAX_INIT_RANGE:g}, got "
+                f"{self.init_range!r}: it is the standard deviation of the initial weight "
+                "matrices (0.02 by default), and draws at that scale overflow the weights' "
+                "dtype to inf (float16 holds up to 65504, float32 3.4e38) or make the "
+                "activations do so"
+            )
 
     def __getattr__(self, name: str) -> Any:
         # only reached for a name that is not a field: say what TransformerLens's
@@ -185,25 +200,29 @@ class VectorTransformerConfig:
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    @property
-    def init_std(self) -> float:
-        """The standard deviation of the initial weight matrices: ``init_range``, or when
-        that is ``None`` the default of ``init`` (0.02 for ``"gpt2"``, ``0.8 / sqrt(d_model)``
-        for ``"transformer_lens"``). ``W_O`` and ``W_out`` start smaller by
-        ``1/sqrt(2 n_layers)`` under ``"gpt2"``.
+    def default_init_range(self) -> float:
+        """The default ``init_range`` of this config's ``init``: 0.02 for ``"gpt2"``,
+        TransformerLens's ``0.8 / sqrt(d_model)`` for ``"transformer_lens"``.
 
         Example:
             >>> import vecinterp as vi
             >>> cfg = vi.VectorTransformerConfig(d_in=4, d_model=64, d_head=8, n_heads=8,
             ...                                  n_layers=2, n_ctx=8, init="transformer_lens")
-            >>> cfg.init_range is None, cfg.init_std   # 0.8 / sqrt(64)
-            (True, 0.1)
+            >>> cfg.init_range, cfg.default_init_range()   # 0.8 / sqrt(64)
+            (0.1, 0.1)
+            >>> cfg.replace(init="gpt2").init_range          # a default range follows init
+            0.02
         """
-        if self.init_range is not None:
-            return float(self.init_range)
         if self.init == "transformer_lens":
             return 0.8 / math.sqrt(self.d_model)
         return 0.02
+
+    @property
+    def init_std(self) -> float:
+        """The standard deviation of the initial weight matrices (``init_range``); ``W_O``
+        and ``W_out`` start smaller by ``1/sqrt(2 n_layers)`` under ``init="gpt2"``."""
+        assert self.init_range is not None  # set in __post_init__
+        return float(self.init_range)
 
     @property
     def has_ln_weights(self) -> bool:
@@ -216,7 +235,11 @@ class VectorTransformerConfig:
         return self.normalization in ("LN", "LNPre")
 
     def replace(self, **changes: Any) -> "VectorTransformerConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). If ``init_range`` is the
+        default of this config's ``init`` and the change does not name it, the copy gets
+        the default of its own ``init`` and ``d_model``."""
+        if "init_range" not in changes and self.init_range == self.default_init_range():
+            changes["init_range"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The claims of Bhargav & Gu (2024, §4) measured on a trained affine-recurrence model,
 under every reading the paper's words allow.
 
-The paper (``papers/affine_recurrence_bhargav_gu_2024.md``) makes thirteen claims about
-its trained model. Several leave the method open: which vectors, which space (``d_model``,
+The paper (Samarth Bhargav and Alexander Gu, "Interpreting Affine Recurrence Learning in
+GPT-style Transformers", 2024, arXiv:2410.17438) makes thirteen claims about its trained
+model. Several leave the method open: which vectors, which space (``d_model``,
 or the input/output space through ``W_E``/``W_U``), one head or a sum, one head ablated or
 all at once, which heads, positions, sequences and thresholds. :func:`measure_claims`
 computes each claim under every such reading and :func:`judge_claims` turns the numbers
@@ -32,8 +33,12 @@ length, 14; eval MSEs use ``fixed_eval_set(24, 64, seed=10_000)`` (every length 
 twice, the set ``examples/train_affine.py`` reports), the mean of per-batch MSEs; single-head
 ablations and the alternative QK patches use the first ``sweep_batch_size`` sequences of
 each of the first ``sweep_batches`` batches of that set (every length once), each against
-its own unablated MSE. The model's LayerNorms and value biases are folded first
-(:func:`~vecinterp.process_weights`), as the paper did (§4.1); outputs are unchanged.
+its own unablated MSE. Mean ablation (claim 9) replaces an activation by its mean over a
+population of the evaluated length: ``population`` sequences in all, stratified over the
+eval set's lengths (the per-position statistics depend on the length, because every
+sequence is normalised by the largest norm among its own vectors). The model's LayerNorms
+and value biases are folded first (:func:`~vecinterp.process_weights`), as the paper did
+(§4.1); outputs are unchanged.
 """
 
 from . import circuit as _circuit
@@ -61,7 +66,12 @@ PAPER_QK_HEADS = _results.PAPER_QK_HEADS
 PAPER_ALPHA = _results.PAPER_ALPHA
 """The paper's layer-0 scale ``α`` (§4.4: slope 2.1–2.5; §4.8, Figure 17: ``a_n + 2.3 a_{n-1}``)."""
 CLAIMS = _results.CLAIMS
-"""``number -> (claim, the paper's figure)`` for the thirteen claims of the paper's §4."""
+"""``number -> (claim, the paper's figure)`` for the thirteen claims of the paper's §4.
+Claim 10 is judged as two parts (:data:`CLAIM_PARTS`): ``CLAIMS[10]`` is part a."""
+CLAIM_PARTS = _results.CLAIM_PARTS
+"""``label -> (claim, the paper's figure)`` for the claims judged in parts: claim 10 as
+10a (layer-2 OV eigenvalue scores negative) and 10b (identity-like QK in the paper's heads
+0-4)."""
 THRESHOLDS = _results.THRESHOLDS
 """Every verdict is computed from these numbers (the comments give the claim)."""
 FAST_MODEL_CONFIG = _circuit.FAST_MODEL_CONFIG
@@ -77,6 +87,7 @@ order (``loss`` only with a training history)."""
 
 __all__ = [
     "CLAIMS",
+    "CLAIM_PARTS",
     "FAST_MODEL_CONFIG",
     "FAST_SIZES",
     "FIGURES",

@@ -27,6 +27,7 @@ from ...analysis import (
     pattern_ablation_hook,
     position_k_score,
     previous_position_score,
+    zero_ablation_hook,
 )
 from ...factored_matrix import FactoredMatrix
 from ...loss import masked_mse
@@ -83,6 +84,48 @@ def checkerboard_contrast(
     num = (m_same - m_other).sum(dim=(0, 2))
     den = (m_same + m_other).sum(dim=(0, 2)).clamp_min(1e-12)
     return num / den
+
+
+def most_attended_earlier_position(
+    patterns: Float[torch.Tensor, "batch n_heads dest_pos src_pos"],
+) -> tuple[list[int], list[float]]:
+    """Per head, the earlier position its rows attend to most, and how often.
+
+    In each row ``d >= 2`` (of each sequence), the earlier position ``s < d`` with the
+    largest weight wins the row; the head's answer is the position that wins the most rows
+    (the smallest on a tie), with the share of rows it wins. A head that mostly attends to
+    itself still names the earlier position it prefers.
+
+    Args:
+        patterns: ``[batch, n_heads, dest_pos, src_pos]``, ``dest_pos == src_pos >= 3``.
+
+    Returns:
+        ``(positions, shares)``: one int and one share of rows per head.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.tasks.affine_claims.analyses import most_attended_earlier_position
+        >>> A = torch.zeros(1, 1, 5, 5)
+        >>> A[0, 0, :, 1] = 1.0                # rows 2, 3 and 4 prefer position 1 ...
+        >>> A[0, 0, 4] = torch.tensor([0.1, 0.2, 0.6, 0.1, 0.0])   # ... but row 4 prefers 2
+        >>> most_attended_earlier_position(A)
+        ([1], [0.6666666666666666])
+    """
+    if not isinstance(patterns, torch.Tensor) or patterns.ndim != 4 or patterns.shape[-1] < 3:
+        got = tuple(patterns.shape) if isinstance(patterns, torch.Tensor) else type(patterns)
+        raise ValueError(
+            f"patterns must be [batch, n_heads, dest_pos, src_pos] with >= 3 positions, got {got}"
+        )
+    n = patterns.shape[-1]
+    d = torch.arange(n, device=patterns.device)[:, None]
+    s = torch.arange(n, device=patterns.device)[None, :]
+    earlier = s < d
+    masked = patterns.masked_fill(~earlier, float("-inf"))[..., 2:, :]  # rows d >= 2
+    wins = masked.argmax(-1)  # [batch, heads, rows]
+    counts = torch.nn.functional.one_hot(wins, n).sum(dim=(0, 2))  # [heads, src]
+    top = counts.argmax(-1)  # the first maximum: the smallest position on a tie
+    shares = counts.gather(1, top[:, None])[:, 0].double() / (wins.shape[0] * wins.shape[2])
+    return top.tolist(), shares.tolist()
 
 
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -156,6 +199,10 @@ def _attention(
     v["pos1_alt"] = position_k_score(patterns[1][alt], 1).tolist() if alt.any() else v["pos1"]
     v["pos1_non"] = position_k_score(patterns[1][~alt], 1).tolist() if (~alt).any() else v["pos1"]
     v["pos1_uniform"] = _mean([1 / (d + 1) for d in range(1, n_pos)])
+    # "the second vector" counted from zero (the paper counts layers from zero): a_2
+    v["pos2"] = position_k_score(patterns[1], 2).tolist()
+    v["pos2_lengths"] = _mean_lists([position_k_score(r.patterns[1], 2).tolist() for r in runs])
+    v["top_earlier"], v["top_earlier_share"] = most_attended_earlier_position(patterns[1])
     p2 = patterns[2]
 
     def contrasts(mask: torch.Tensor, diag: bool = False) -> list[float]:
@@ -261,6 +308,13 @@ def _geometry(
     v["ov_slope"] = float(slopes.median())
     v["ov_slope_lo"], v["ov_slope_hi"] = float(slopes.quantile(0.05)), float(slopes.quantile(0.95))
     v["ov_intercept"] = float(s.intercept.mean())
+    # for centred x (a LayerNorm output) the per-vector slope is x·(x OV)/|x|², the same
+    # for OV and its transpose: no convention slip (OV x vs x OV) changes it
+    flat_x = x.reshape(-1, x.shape[-1])
+    summed_ov = ov_circuit(net, 0).AB.sum(0)
+    v["ov_slope_transposed"] = float(fit_line(flat_x, flat_x @ summed_ov.T).slope.median())
+    rayleigh = (flat_x * (flat_x @ summed_ov)).sum(-1) / flat_x.square().sum(-1)
+    v["ov_rayleigh"] = float(rayleigh.median())
     assert fit.heads is not None
     v["ov_head_r2"] = fit.heads.r2.flatten(0, -2).mean(0).tolist()
     emb = ov_linearity(net, 0, cache["embed"], per_vector=True, per_head=False).summed
@@ -308,6 +362,8 @@ def _geometry(
     rank = int(torch.linalg.matrix_rank(net.W_E.detach()))
     v["embed_rank"] = rank
     v["outside_chance"] = math.sqrt(max(0.0, 1 - rank / net.cfg.d_model))
+    # the baseline: how much of the OV's input itself already lies outside the row space
+    v["outside_inputs"] = float(fraction_outside_embedding(flat, net).mean())
     data["ov_example"] = (flat[-1], writes[-1])
     gen = torch.Generator().manual_seed(1)
     rv = torch.randn(net.cfg.d_model, generator=gen, dtype=torch.float64).to(flat)
@@ -337,20 +393,32 @@ def _ablation(
     data: dict[str, Any],
     net: HookedVectorTransformer,
     runs: list[_Run],
-    population: torch.Tensor,
+    populations: dict[int, torch.Tensor],
     sizes: dict[str, int],
 ) -> None:
+    """Claim 9. ``populations[n]``: inputs of length ``n`` for every length ``runs`` has;
+    each run is ablated with the means of its own length (the per-position statistics
+    depend on the length: every sequence is normalised by its own largest norm)."""
     name = "blocks.1.attn.hook_z"
-    mean = mean_activations(net, population, name)[name]  # [pos, heads, d_head]
-    v["population"] = population.shape[0]
+    means = {n: mean_activations(net, pop, name)[name] for n, pop in populations.items()}
+    v["population"] = sum(p.shape[0] for p in populations.values())
+    v["population_per_length"] = min(p.shape[0] for p in populations.values())
+    longest = means[max(means)]
 
-    def mse_from_layer_1(run: _Run, heads: Sequence[int] | None, rows: slice) -> float:
-        with net.hooks(fwd_hooks=[(name, mean_ablation_hook(mean, heads=heads))]):
+    def mse_from_layer_1(run: _Run, hook: Any, rows: slice) -> float:
+        with net.hooks(fwd_hooks=[(name, hook)]):
             out = net(run.resid[1][rows], start_at_layer=1)
         return float(masked_mse(out, run.batch.targets[rows], run.batch.loss_mask[rows]))
 
     every = slice(None)
-    v["ablate_joint"] = _mean([mse_from_layer_1(r, None, every) for r in runs])
+    v["ablate_joint"] = _mean(
+        [mse_from_layer_1(r, mean_ablation_hook(means[r.batch.length]), every) for r in runs]
+    )
+    # the former measurement: the longest length's means applied to every length
+    v["ablate_joint_longest"] = _mean(
+        [mse_from_layer_1(r, mean_ablation_hook(longest), every) for r in runs]
+    )
+    v["ablate_joint_zero"] = _mean([mse_from_layer_1(r, zero_ablation_hook(), every) for r in runs])
     rows = slice(0, sizes["sweep_batch_size"])
     sweep = runs[: sizes["sweep_batches"]]
     v["sweep_base"] = _mean([_mse(r.out[rows], _rows(r.batch, rows)) for r in sweep])
@@ -359,7 +427,7 @@ def _ablation(
             net,
             r.batch.inputs[rows],
             r.batch.targets[rows],
-            population={name: mean},
+            population={name: means[r.batch.length]},
             loss_mask=r.batch.loss_mask[rows],
             heads={1: range(net.cfg.n_heads)},
             progress=False,

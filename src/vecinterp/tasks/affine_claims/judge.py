@@ -7,10 +7,11 @@ note, verdict) over the same few helpers. A reader checks a verdict by reading o
 and compares wordings and thresholds across claims by reading on; split in two, the
 parallel would be lost and nothing else gained."""
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .results import CLAIMS, HOLDS, NO, PARTLY, THRESHOLDS, Claim, Reading
+from .results import CLAIM_PARTS, CLAIMS, HOLDS, NO, PARTLY, THRESHOLDS, Claim, Reading
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -45,7 +46,7 @@ def judge_claims(values: dict[str, Any]) -> tuple[Claim, ...]:
         values: the dict of :attr:`ClaimsResult.values`.
 
     Returns:
-        The claims 1..13, in order.
+        The claims 1..13, in order, claim 10 as two (10a and 10b, :data:`CLAIM_PARTS`).
 
     Example:
         >>> import vecinterp as vi
@@ -64,7 +65,11 @@ def judge_claims(values: dict[str, Any]) -> tuple[Claim, ...]:
             f"values must be the dict of ClaimsResult.values, got {type(values).__name__}"
         )
     try:
-        return tuple(judge(values) for judge in _JUDGES)
+        claims: list[Claim] = []
+        for judge in _JUDGES:
+            judged = judge(values)
+            claims.extend(judged if isinstance(judged, tuple) else (judged,))
+        return tuple(claims)
     except KeyError as exc:
         raise ValueError(f"values lacks {exc.args[0]!r}: pass ClaimsResult.values") from exc
 
@@ -171,14 +176,41 @@ def _judge_3(v: dict[str, Any]) -> Claim:
             kp / n,
         )
     )
+    k2, k2_all = _count(v["pos2"], thr), _count(v["pos2_lengths"], thr)
+    readings.append(
+        Reading(
+            "a2",
+            f"a_2 ('the second vector' counted from zero), share > {thr}",
+            f"{k2}/{n} heads ({_scores(v['pos2'])}); every length {k2_all}/{n}",
+            k2 / n,
+            key=True,
+        )
+    )
+    tops = v["top_earlier"]
+    mode = max(sorted(set(tops)), key=tops.count)
+    readings.append(
+        Reading(
+            "most_attended",
+            "the earlier position each head attends to most",
+            f"positions {', '.join(map(str, tops))}: position {mode} in "
+            f"{tops.count(mode)}/{n} heads",
+            tops.count(mode) / n,
+        )
+    )
     best = max(max(xs) for _, _, xs in alts)
     on0 = [h for h, s in enumerate(v["pos0"]) if s > part]
     note = (
-        f"No reading gives most heads: at best {max(_count(xs, thr) for _, _, xs in alts)}/{n} "
-        f"heads put most of their attention on position 1 (best share {best:.2f})."
+        f"No reading of a_1 gives most heads: at best "
+        f"{max(_count(xs, thr) for _, _, xs in alts)}/{n} heads put most of their attention "
+        f"on position 1 (best share {best:.2f})."
         if max(_count(xs, thr) for _, _, xs in alts) <= n / 2
         else ""
     )
+    if max(k2, k2_all) > n / 2:
+        note += (
+            f" Read as a_2 (counting from zero, as the paper counts layers), {k2}/{n} heads "
+            f"({k2_all}/{n} over every length) put most of their attention there: a majority."
+        )
     if on0:
         note += f" Heads {', '.join(map(str, on0))} attend to position 0 more than {part}."
     return _claim(
@@ -314,6 +346,13 @@ def _judge_6(v: dict[str, Any]) -> Claim:
             key=True,
         ),
         Reading(
+            "transposed",
+            "d_model, OV transposed (x OV^T): the convention check",
+            f"slope {v['ov_slope_transposed']:.2f} (x OV: {slope:.2f}; x·xOV/|x|² "
+            f"{v['ov_rayleigh']:.2f})",
+            v["ov_slope_transposed"],
+        ),
+        Reading(
             "full_ov_unfolded",
             "full OV, unfolded model",
             f"R² {v['full_ov_unfolded_r2']:.2f}, slope {v['full_ov_unfolded_slope']:.2f}",
@@ -421,6 +460,12 @@ def _judge_8(v: dict[str, Any]) -> Claim:
                 f"a random direction, sqrt(1 - {v['embed_rank']}/{v['d_model']})",
                 f"{100 * v['outside_chance']:.1f} %",
                 v["outside_chance"],
+            ),
+            Reading(
+                "inputs",
+                "baseline: the OV's input vectors x themselves",
+                f"{100 * v['outside_inputs']:.1f} % (x OV: {100 * out:.1f} %)",
+                v["outside_inputs"],
                 key=True,
             ),
         ],
@@ -428,9 +473,11 @@ def _judge_8(v: dict[str, Any]) -> Claim:
         f"{100 * out:.1f} %",
         "'the ratio of this norm to the original norm' of OV x, x a residual stream vector: "
         "the same vectors and OV as claim 6",
-        f"A direction drawn at random would have {100 * v['outside_chance']:.1f} % outside a "
-        f"rank-{v['embed_rank']} subspace of {v['d_model']} dimensions, so the share says "
-        "little beyond 'not aligned with the embedding'.",
+        f"The residual vectors the OV reads already have {100 * v['outside_inputs']:.1f} % of "
+        f"their norm outside W_E's row space, and a direction drawn at random would have "
+        f"{100 * v['outside_chance']:.1f} % outside a rank-{v['embed_rank']} subspace of "
+        f"{v['d_model']} dimensions, so the share says little beyond 'not aligned with the "
+        "embedding'.",
     )
 
 
@@ -443,69 +490,129 @@ def _judge_9(v: dict[str, Any]) -> Claim:
     med = sorted(ratios)[n // 2] if n % 2 else _mean(sorted(ratios)[n // 2 - 1 : n // 2 + 1])
     worst = max(range(n), key=lambda h: ratios[h])
     joint = v["ablate_joint"] / v["mse"]
+    longest = v["ablate_joint_longest"] / v["mse"]
+    zero = v["ablate_joint_zero"] / v["mse"]
     lo = min(v["ablate_heads"])
+    per = v["population_per_length"]
     return _claim(
         9,
         Reading(
-            "single_head",
-            "one head at a time (mean over the population)",
-            f"{base:.1e} -> {lo:.1e}..{max(v['ablate_heads']):.1e}; {k}/{n} heads <= "
-            f"x{t['ablation_holds']:g}, median x{med:.1f}, head {worst} x{ratios[worst]:.1f}",
-            med,
+            "joint",
+            f"all heads of layer 1 at once, means of each length ({per} sequences per length)",
+            f"{v['mse']:.1e} -> {v['ablate_joint']:.1e} (x{joint:.0f})",
+            joint,
         ),
         [
             Reading(
-                "joint",
-                "all heads of layer 1 at once",
-                f"{v['mse']:.1e} -> {v['ablate_joint']:.1e} (x{joint:.0f})",
-                joint,
+                "single_head",
+                "one head at a time",
+                f"{base:.1e} -> {lo:.1e}..{max(v['ablate_heads']):.1e}; {k}/{n} heads <= "
+                f"x{t['ablation_holds']:g}, median x{med:.1f}, head {worst} x{ratios[worst]:.1f}",
+                med,
                 key=True,
-            )
+            ),
+            Reading(
+                "zero",
+                "all heads at once, zero ablation",
+                f"x{zero:.0f}",
+                zero,
+            ),
+            Reading(
+                "longest_means",
+                "all heads at once, length-14 means for every length (mismatched)",
+                f"x{longest:.0f}",
+                longest,
+            ),
         ],
-        _level(k == n, k > n / 2),
-        f"x{med:.1f} ({k}/{n})",
-        "§4.5 defines ablation as 'removing a particular head to analyze its impact', and "
-        "its one figure, 0.0002 (x2), is the typical single head",
-        f"One head at a time, most layer-1 heads cost little; all together they are "
-        f"essential (x{joint:.0f}): the heads are redundant, not useless, so the paper's "
-        "'comparatively less useful' holds for each head, not for the layer.",
+        _level(joint <= t["ablation_holds"], joint <= t["ablation_partly"]),
+        f"x{joint:.0f}",
+        "the paper reports one number for 'the first layer heads' ('a new mean squared "
+        "error of 0.0002') and concludes that their 'outputs do not depend significantly on "
+        "their inputs': the layer's heads ablated together; one head at a time is the "
+        "alternative",
+        f"Ablating layer 1's heads together costs x{joint:.0f}: the layer's outputs matter. One "
+        f"head at a time, {k}/{n} heads cost at most x{t['ablation_holds']:g} (median "
+        f"x{med:.1f}): the heads are redundant, not useless, so 'comparatively less useful' "
+        "holds for each head, not for the layer.",
     )
 
 
-def _judge_10(v: dict[str, Any]) -> Claim:
+def _judge_10(v: dict[str, Any]) -> tuple[Claim, Claim]:
+    t = THRESHOLDS
     n = v["n_heads"]
     ov, qk = v["ov_scores"][2], v["qk_scores"][2]
     n_ov, n_qk = sum(x < 0 for x in ov), sum(x > 0 for x in qk)
     fov, fqk = v["full_ov_scores"][2], v["full_qk_scores"][2]
-    return _claim(
+    part_a = _claim(
         10,
         Reading(
             "d_model",
-            "eigenvalue scores of W_V W_O and W_Q W_K^T",
-            f"OV < 0 in {n_ov}/{n} (mean {_mean(ov):+.2f}), QK > 0 in {n_qk}/{n} "
-            f"(mean {_mean(qk):+.2f})",
+            "eigenvalue scores of W_V W_O",
+            f"OV < 0 in {n_ov}/{n} (mean {_mean(ov):+.2f})",
             _mean(ov),
         ),
         [
             Reading(
                 "full",
-                "full circuits W_E W_V W_O W_U, W_E W_Q W_K^T W_E^T",
-                f"OV < 0 in {sum(x < 0 for x in fov)}/{n} (mean {_mean(fov):+.2f}), "
-                f"QK > 0 in {sum(x > 0 for x in fqk)}/{n} (mean {_mean(fqk):+.2f})",
+                "full circuit W_E W_V W_O W_U",
+                f"OV < 0 in {sum(x < 0 for x in fov)}/{n} (mean {_mean(fov):+.2f})",
                 _mean(fov),
             ),
+        ],
+        _level(n_ov == n, n_ov > n / 2),
+        f"OV {n_ov}/{n}",
+        "Figure 15 scores 'the OV circuit', the d_model matrix of §4.4: every score negative",
+        "",
+    )
+    thr = t["qk_identity"]
+    paper = list(v["qk_heads"])
+    like = [h for h in range(n) if qk[h] > thr]
+    in_paper = [h for h in paper if qk[h] > thr]
+    part_b = _claim(
+        10,
+        Reading(
+            "paper_heads",
+            f"QK eigenvalue scores > {thr} (identity-like) in the paper's heads "
+            f"{','.join(map(str, paper))}",
+            f"{len(in_paper)}/{len(paper)} ({_scores([qk[h] for h in paper])})",
+            len(in_paper) / max(1, len(paper)),
+        ),
+        [
             Reading(
-                "qk_identity_like",
-                "QK scores > 0.5 (identity-like)",
-                f"{_count(qk, 0.5)}/{n}",
-                _count(qk, 0.5) / n,
+                "all_heads",
+                f"QK scores > {thr}, every head",
+                f"{len(like)}/{n} (heads {','.join(map(str, like)) or 'none'})",
+                len(like) / n,
+                key=True,
+            ),
+            Reading(
+                "positive",
+                "QK scores > 0 (sign only)",
+                f"{n_qk}/{n} (mean {_mean(qk):+.2f})",
+                n_qk / n,
+            ),
+            Reading(
+                "full",
+                "full circuit W_E W_Q W_K^T W_E^T, scores > 0",
+                f"{sum(x > 0 for x in fqk)}/{n} (mean {_mean(fqk):+.2f})",
+                _mean(fqk),
             ),
         ],
-        _level(n_ov == n and n_qk == n, n_ov > n / 2),
-        f"OV {n_ov}/{n}, QK {n_qk}/{n}",
-        "Figure 15 scores 'the OV circuit', the d_model matrix of §4.4; QK 'strongly "
-        "resembles a positive identity' in every head",
-        "",
+        _level(
+            len(in_paper) == len(paper),
+            len(in_paper) > len(paper) / 2 or len(like) >= len(paper),
+        ),
+        f"{len(in_paper)}/{len(paper)} ({len(like)}/{n} all)",
+        "§4.6: QK 'strongly resembles a positive identity', and the paper patches heads "
+        "0, 1, 2, 3 and 4 (5 of 8) as the identity-like ones; judged by the score's size, "
+        "not its sign",
+        "The paper names its own model's heads; another model's identity-like heads may be "
+        "others, so 'all_heads' counts them wherever they are.",
+    )
+    claim_b, paper_b = CLAIM_PARTS["10b"]
+    return (
+        dataclasses.replace(part_a, part="a"),
+        dataclasses.replace(part_b, part="b", claim=claim_b, paper=paper_b),
     )
 
 

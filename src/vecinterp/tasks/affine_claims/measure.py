@@ -94,8 +94,12 @@ def measure_claims(
             ``n_ctx >= 14``, MLPs. Claim 11 patches the heads of :data:`PAPER_QK_HEADS`
             that exist.
         analysis_batch: sequences of length 14 for the single-pass analyses.
-        population: sequences of length 14 whose per-position means replace the ablated
-            heads (the paper's 1,000).
+        population: sequences whose per-position means replace the ablated heads (the
+            paper's 1,000), stratified by length: ``population // L`` sequences of each of
+            the ``L`` lengths the eval set has, each evaluated sequence ablated with the
+            means of its own length (the statistics depend on the length, since every
+            sequence is normalised by its own largest norm). Seeds
+            ``population_seed + length``.
         eval_batches, eval_batch_size: the eval set, ``fixed_eval_set(eval_batches,
             eval_batch_size, seed=eval_seed)`` (claims 1, 9 joint, 11 primary).
         sweep_batches, sweep_batch_size: the part of the eval set the single-head
@@ -118,8 +122,8 @@ def measure_claims(
         >>> result = ac.measure_claims(vi.HookedVectorTransformer(cfg, seed=0),
         ...     analysis_batch=8, population=8, eval_batches=3, eval_batch_size=2,
         ...     sweep_batches=1, n_random=4)
-        >>> [c.number for c in result.claims] == list(range(1, 14))
-        True
+        >>> [c.label for c in result.claims][9:11]
+        ['10a', '10b']
         >>> result[6].primary.name, [r.name for r in result[6].alternatives][-1]
         ('d_model', 'full_ov_unfolded')
     """
@@ -172,8 +176,13 @@ def measure_claims(
             _eigen(v, data, net, original)
 
         with timer(f"claim 9: mean ablation of layer 1 (population {population})"):
-            pop = ar.generate(population, length=ar.DEFAULT_MAX_LEN, seed=population_seed, **kw)
-            _ablation(v, data, net, runs, pop.inputs, sizes)
+            lengths = sorted({r.batch.length for r in runs})
+            per_length = max(1, sizes["population"] // len(lengths))
+            pops = {  # stratified: each length's means from sequences of that length
+                n: ar.generate(per_length, length=n, seed=population_seed + n, **kw).inputs
+                for n in lengths
+            }
+            _ablation(v, data, net, runs, pops, sizes)
 
         with timer("claim 11: pseudoinverse QK patches"):
             _qk_patch(v, net, runs, sizes, qk_seed)

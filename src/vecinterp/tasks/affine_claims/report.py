@@ -61,7 +61,7 @@ def claims_table(result: ClaimsResult | Sequence[Claim], *, fmt: str = "markdown
     header = ["#", "claim", "paper", "ours (primary reading)", "other readings", "verdict"]
     rows = [
         [
-            str(c.number),
+            c.label,
             c.claim,
             c.paper,
             f"{c.primary.text} ({c.primary.label})",
@@ -79,14 +79,14 @@ def claims_table(result: ClaimsResult | Sequence[Claim], *, fmt: str = "markdown
     if fmt == "text":
         lines = []
         for c in claims:
-            lines.append(f"{c.number:>2}  {c.claim}  [paper: {c.paper}]  -> {c.verdict.upper()}")
+            lines.append(f"{c.label:>3}  {c.claim}  [paper: {c.paper}]  -> {c.verdict.upper()}")
             lines.append(f"    ours: {c.primary.text}  ({c.primary.label})")
             lines += [f"    also: {r.text}  ({r.label})" for r in c.alternatives]
         return "\n".join(lines)
     raise ValueError(f"fmt must be 'markdown', 'rst' or 'text', got {fmt!r}")
 
 
-def _alternative_row(number: int, readings: Sequence[Reading]) -> list[str]:
+def _alternative_row(number: str, readings: Sequence[Reading]) -> list[str]:
     """One ′ row: the reading's label, or, where the label names something that differs
     between models (the heads a reading picked on each), the label without that
     parenthesis and each model's own parenthesis in its cell."""
@@ -139,12 +139,11 @@ def robustness_table(
     per_model = [_claims_of(r) for r in results]
     for i, c in enumerate(per_model[0]):
         rows.append(
-            [str(c.number), c.claim, c.paper]
-            + [f"{m[i].headline} ({m[i].verdict})" for m in per_model]
+            [c.label, c.claim, c.paper] + [f"{m[i].headline} ({m[i].verdict})" for m in per_model]
         )
         for j, alt in enumerate(c.alternatives):
             if alt.key:
-                rows.append(_alternative_row(c.number, [m[i].alternatives[j] for m in per_model]))
+                rows.append(_alternative_row(c.label, [m[i].alternatives[j] for m in per_model]))
     header = ["#", "claim", "paper", *names]
     if fmt == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -196,7 +195,7 @@ def claims_report(
     lines += ["## Readings: which one the verdict rests on, and why", ""]
     for c in first.claims:
         text = (
-            f"**{c.number}. {c.claim}** — {c.verdict}. Primary reading: {c.primary.label}, "
+            f"**{c.label}. {c.claim}** — {c.verdict}. Primary reading: {c.primary.label}, "
             f"because {c.basis}."
         )
         lines += [text + (f" {c.note}" if c.note else ""), ""]
