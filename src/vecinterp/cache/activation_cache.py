@@ -14,7 +14,13 @@ import torch
 from jaxtyping import Float
 
 from .names import _PER_BLOCK, _TOP, _norm_point, _resid_points, act_name
-from .weights_record import _changed_weights, _record_weights, _Weights
+from .weights_record import (
+    _changed_values,
+    _changed_weights,
+    _read_values,
+    _record_weights,
+    _Weights,
+)
 
 if TYPE_CHECKING:
     from ..model import HookedVectorTransformer
@@ -40,9 +46,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     when a parameter or buffer of the model changed after the run (written in place, by
     ``load_state_dict`` or an optimizer step, or replaced, or moved by ``.to()``): the
     activations belong to the weights they ran with. The check reads each tensor's
-    version counter (microseconds); writes through ``p.data[...]`` bypass that counter
-    and are not seen. Indexing never refuses: entries are what flowed, whatever the
-    weights are now.
+    version counter (microseconds), and compares bit for bit a copy, taken when the run
+    began, of the few small tensors these analyses read (every norm's ``w`` and ``b``,
+    each ``attn.b_O``, ``unembed.W_U`` and ``b_U``), so that a write the version counter
+    does not see (through ``p.data``) is refused too where it would change a number. A
+    ``p.data`` write into another weight (``W_Q``, ``W_in``, ...) is not seen, and changes
+    no number of these analyses: they read the cached activations of the run, not those
+    weights. Indexing never refuses: entries are what flowed, whatever the weights are
+    now.
 
     Decompositions that claim a sum refuse when a hook of the run edited a point that the
     sum assumes unedited (:meth:`decompose_resid`: a ``hook_resid_pre/mid/post`` up to the
@@ -106,11 +117,16 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         hooked_points: Iterable[str] = (),
         edited_points: Iterable[str] = (),
         _weights: _Weights | None = None,
+        _values: list[torch.Tensor] | None = None,
     ):
         self.cache_dict = dict(cache_dict)
         self.model = model
         self.cfg = model.cfg
-        self._weights = _record_weights(model) if _weights is None else _weights
+        if _weights is None:
+            _weights = _record_weights(model)
+            _values = _read_values(_weights)
+        self._weights = _weights
+        self._values = _values  # the weights the analyses read, as the run began
         self._stale: list[str] = []  # weights found changed when this cache was copied
         for arg, points in (("hooked_points", hooked_points), ("edited_points", edited_points)):
             if isinstance(points, str):
@@ -236,6 +252,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             hooked_points=self.hooked_points,
             edited_points=self.edited_points,
             _weights=self._weights,
+            _values=self._values,
         )
         moved._stale = list(self._stale)
         return moved
@@ -245,7 +262,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """A copy (``copy.deepcopy``, pickling) keeps what the weights check found at the
         time of copying (the copy's model holds new tensors: it is recorded afresh)."""
         state = self.__dict__.copy()
-        state["_weights"] = self._stale + _changed_weights(self._weights)
+        state["_weights"] = self._changed()
+        state.pop("_values")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -253,10 +271,18 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         self.__dict__.update(state)
         self._stale = stale
         self._weights = _record_weights(self.model)
+        self._values = _read_values(self._weights)
+
+    def _changed(self) -> list[str]:
+        """The weights that changed since the run (see the class docstring)."""
+        changed = self._stale + _changed_weights(self._weights)
+        if not changed and self._values is not None:
+            changed = _changed_values(self._weights, self._values)
+        return changed
 
     def _check_weights(self, what: str) -> None:
         """Refuse (``ValueError``) if the model's weights changed since the run."""
-        changed = self._stale + _changed_weights(self._weights)
+        changed = self._changed()
         if changed:
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
             raise ValueError(

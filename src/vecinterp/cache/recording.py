@@ -25,11 +25,13 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import nn
+from torch.nn.modules import module as _module
 
 from ..hooks import NameFilter
-from ..hooks.hook_point import _RECORDER, HookPoint, _add_all, _remove_all
+from ..hooks._naming import _select_names
+from ..hooks.hook_point import _RECORDER, HookPoint, _add_all, _remove_all, idle
 from .activation_cache import ActivationCache
-from .weights_record import _record_weights, _version, _Weights
+from .weights_record import _read_values, _record_weights, _version, _Weights
 
 if TYPE_CHECKING:
     from ..model import HookedVectorTransformer
@@ -43,14 +45,16 @@ the last bit between a vectorised and a scalar path, so their output is stored.)
 
 
 def _exact_derivations(
-    model: "HookedVectorTransformer", names: Sequence[str]
+    model: "HookedVectorTransformer", hook_dict: dict[str, HookPoint], names: Sequence[str]
 ) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
     """Of the hook names ``names``, those ``run_with_cache`` may leave out because the
     cache can recompute them bit for bit from another cached activation of the same run:
     ``blocks.{l}.mlp.hook_post`` when the block's ``act_fn`` is ``relu`` (captured now, so
-    a later change of ``act_fn`` does not matter), ``hook_pre`` is cached, and no hook is
-    attached at ``hook_post`` (a hook could edit what flows there). Call it with the run's
-    hooks attached. Returns ``name -> (source name, function of the source)``."""
+    a later change of ``act_fn`` does not matter), ``hook_pre`` is cached, and
+    ``hook_post`` is a stock hook point that nothing watches (a hook of ours or of
+    PyTorch's could edit what flows there; see :func:`~vecinterp.hooks.hook_point.idle`).
+    Call it with the run's hooks attached; ``hook_dict`` is ``model.hook_dict``. Returns
+    ``name -> (source name, function of the source)``."""
     out: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {}
     wanted = set(names)
     for name in names:
@@ -59,11 +63,7 @@ def _exact_derivations(
         source = name[: -len("hook_post")] + "hook_pre"
         layer = int(name.split(".")[1])
         act_fn = cast("TransformerBlock", model.blocks[layer]).mlp.act_fn
-        if (
-            source in wanted
-            and any(act_fn is f for f in _EXACT_ACT_FNS)
-            and not model.hook_dict[name].has_hooks
-        ):
+        if source in wanted and any(act_fn is f for f in _EXACT_ACT_FNS) and idle(hook_dict[name]):
             out[name] = (source, act_fn)
     return out
 
@@ -108,14 +108,20 @@ def _weight_storages(model: nn.Module, record: _Weights) -> frozenset[int]:
     return storages
 
 
-def _hooked_points(model: "HookedVectorTransformer") -> frozenset[str]:
-    """The hook points where a forward hook is attached that the calling thread's forward
-    passes call (hooks every thread sees, and this thread's scoped hooks)."""
+def _hooked_points(hook_dict: dict[str, HookPoint]) -> frozenset[str]:
+    """The hook points (of a model's ``hook_dict``) where a forward hook is attached that
+    the calling thread's forward passes call: ours that every thread sees, this thread's
+    scoped ones, and PyTorch's module forward hooks and pre-hooks on the point or global
+    (every point then)."""
     me = threading.current_thread()
+    everywhere = bool(_module._global_forward_hooks or _module._global_forward_pre_hooks)
     return frozenset(
         name
-        for name, point in model.hook_dict.items()
-        if point._fwd and any(h.owner is None or h.owner is me for h in point._fwd)
+        for name, point in hook_dict.items()
+        if everywhere
+        or point._forward_hooks
+        or point._forward_pre_hooks
+        or (point._fwd and any(h.owner is None or h.owner is me for h in point._fwd))
     )
 
 
@@ -167,20 +173,27 @@ class _Recorder:
     - ``edited``: the points where a hook replaced the activation or wrote into it (its
       version counter moved; inference tensors have none, so there only replacements).
 
+    A point that PyTorch's module hooks watch runs through ``nn.Module``'s dispatch, and
+    :meth:`through` records around the whole call: what is kept is what left the point
+    after PyTorch's forward hooks, and their edits count as edits.
+
     Args:
         hooked: the points with a forward hook of this thread's, ours aside (taken when
             the run begins).
+        cached: the points whose values are kept (where :meth:`save` is attached).
         incl_bwd: whether gradients will be taken.
     """
 
-    def __init__(self, hooked: frozenset[HookPoint], incl_bwd: bool):
+    def __init__(self, hooked: frozenset[HookPoint], cached: frozenset[HookPoint], incl_bwd: bool):
         self.hooked = hooked
+        self.cached = cached
         self.incl_bwd = incl_bwd
         self.values: dict[str, torch.Tensor] = {}
         self.graph: dict[str, torch.Tensor] = {}
         self.versions: dict[str, int] = {}
         self.edited: set[HookPoint] = set()
         self._uncopied: dict[int, list[str]] = {}  # storage address -> cached names
+        self._outer: HookPoint | None = None  # the point :meth:`through` records around
 
     @contextlib.contextmanager
     def recording(self) -> Iterator["_Recorder"]:
@@ -193,8 +206,13 @@ class _Recorder:
             _RECORDER.current = previous
 
     def save(self, act: torch.Tensor, hook: HookPoint) -> None:
-        """The caching hook."""
-        name = hook.name
+        """The caching hook (at a point :meth:`through` records around, it keeps the value
+        that leaves the whole call instead)."""
+        if hook is not self._outer:
+            self._keep(hook, act)
+
+    def _keep(self, point: HookPoint, act: torch.Tensor) -> None:
+        name = point.name
         if self.incl_bwd:
             self.graph[name] = act
             self.versions[name] = _version(act)
@@ -202,18 +220,57 @@ class _Recorder:
         if self.hooked:
             self._uncopied.setdefault(act.untyped_storage().data_ptr(), []).append(name)
 
-    def before(self, point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """``x`` is about to go through ``point``'s hooks."""
-        if self._uncopied and point in self.hooked:
+    def before(
+        self, point: HookPoint, x: torch.Tensor, always: bool = False
+    ) -> tuple[torch.Tensor, int] | None:
+        """``x`` is about to go through ``point``'s hooks (``always``: hooks that may write
+        into it, whoever attached them)."""
+        if point is self._outer:
+            return None  # through() records around this call
+        if self._uncopied and (always or point in self.hooked):
             for name in self._uncopied.pop(x.untyped_storage().data_ptr(), ()):
                 self.values[name] = self.values[name].clone()
         return x, -1 if x.is_inference() else x._version  # _version(x), inlined
 
-    def after(self, point: HookPoint, token: tuple[torch.Tensor, int], x: torch.Tensor) -> None:
+    def after(
+        self, point: HookPoint, token: tuple[torch.Tensor, int] | None, x: torch.Tensor
+    ) -> None:
         """``x`` leaves ``point``; ``token`` is what :meth:`before` returned."""
+        if token is None:
+            return
         x_in, v_in = token
         if x is not x_in or (v_in >= 0 and _version(x) != v_in):
             self.edited.add(point)
+
+    def through(
+        self, point: HookPoint, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """``call(x)``: ``point`` run through ``nn.Module.__call__`` (PyTorch's module hooks
+        watch it), recorded around the whole call: PyTorch's pre-hooks, the point's own
+        hooks and PyTorch's forward hooks. An edit by any of them counts; the value kept
+        is the one that leaves. A tensor that PyTorch's dispatch hands back in place of
+        the input (an alias of the same storage and layout, as its backward-hook
+        machinery returns) is not an edit unless written into."""
+        token = self.before(point, x, always=True)
+        outer, self._outer = self._outer, point
+        try:
+            out = call(x)
+        finally:
+            self._outer = outer
+        if token is not None:
+            x_in, v_in = token
+            alias = out is x_in or (
+                isinstance(out, torch.Tensor)
+                and out.data_ptr() == x_in.data_ptr()
+                and out.shape == x_in.shape
+                and out.stride() == x_in.stride()
+                and out.dtype == x_in.dtype
+            )
+            if not alias or (v_in >= 0 and _version(out) != v_in):
+                self.edited.add(point)
+        if point in self.cached:
+            self._keep(point, out)
+        return out
 
     def check_gradients(self, names: Sequence[str]) -> None:
         """Refuse when a hook wrote into a cached tensor after it was cached: autograd
@@ -257,7 +314,8 @@ def run_with_cache(
                 "takes names_filter, incl_bwd, loss_fn, device, fwd_hooks and the "
                 f"arguments of forward(): {', '.join(known)}"
             )
-    names = model.hook_names(names_filter)
+    hook_dict = model.hook_dict  # checked against the module tree once per run
+    names = _select_names(hook_dict, names_filter)
     if not isinstance(incl_bwd, bool):
         raise TypeError(f"run_with_cache: incl_bwd must be a bool, got {incl_bwd!r}")
     if loss_fn is not None and not callable(loss_fn):
@@ -271,16 +329,17 @@ def run_with_cache(
             "e.g. loss_fn=lambda y: vi.masked_mse(y, targets)"
         )
     weights = _record_weights(model)  # as the run begins: analyses check them later
+    values = _read_values(weights)  # a copy of the few the analyses read (p.data writes)
     # the run's own hooks first: they decide what may be recomputed, and they run
     # before the caching hooks, so the cache holds what flowed after them
     with model.hooks(fwd_hooks=list(fwd_hooks)):
-        hooked = _hooked_points(model)
-        rec = _Recorder(frozenset(model.hook_dict[n] for n in hooked), incl_bwd)
+        hooked = _hooked_points(hook_dict)
         derived = {}
         if names_filter is None and not incl_bwd:  # gradients cannot be recomputed
-            derived = _exact_derivations(model, names)
+            derived = _exact_derivations(model, hook_dict, names)
             names = [n for n in names if n not in derived]
-        points = [model.hook_dict[name] for name in names]
+        points = [hook_dict[name] for name in names]
+        rec = _Recorder(frozenset(hook_dict[n] for n in hooked), frozenset(points), incl_bwd)
         with rec.recording(), _caching_hooks(points, rec.save):
             if incl_bwd:
                 with torch.enable_grad():
@@ -314,9 +373,7 @@ def run_with_cache(
     # start_at_layer / stop_at_layer skip blocks: derive only what ran
     derived = {k: v for k, v in derived.items() if v[0] in acts}
     edited = (
-        {name for name, point in model.hook_dict.items() if point in rec.edited}
-        if rec.edited
-        else set()
+        {name for name, point in hook_dict.items() if point in rec.edited} if rec.edited else set()
     )
     if torch.is_inference_mode_enabled():  # no version counters: a write is unseen
         edited |= hooked
@@ -327,4 +384,5 @@ def run_with_cache(
         hooked_points=hooked,
         edited_points=edited,
         _weights=weights,
+        _values=values,
     )

@@ -6,6 +6,14 @@ longer so (:func:`_unchanged` answers "nothing" column by column, :func:`_change
 names what changed row by row). ``run_with_cache`` records the weights as the run begins,
 and the analyses of an :class:`~vecinterp.ActivationCache` that read the weights refuse
 once they changed.
+
+Writes through ``p.data`` (and any other path that bypasses PyTorch's version counter:
+a NumPy view, ``torch.Tensor.set_``) move neither the version nor the address. So
+``run_with_cache`` also copies the few small tensors those analyses read (every norm's
+``w`` and ``b``, each ``attn.b_O``, ``unembed.W_U`` and ``b_U``: :func:`_read_values`),
+and :func:`_changed_values` compares them bit for bit: any change of a weight an analysis
+reads is seen, whatever made it. A ``p.data`` write into another weight (``W_Q``) is not
+seen; the analyses never read it, so their numbers, which are the cached run's, stay right.
 """
 
 import operator
@@ -29,6 +37,8 @@ class _Weights(NamedTuple):
     tensors: tuple[tuple[str, dict[str, Any], str, torch.Tensor, int, int], ...]
     sizes: tuple[tuple[str, dict[str, Any], int], ...]
     columns: "_Columns"
+    read: tuple[tuple[str, torch.Tensor], ...]
+    """The tensors that analyses interpreting a cache read, by name (:data:`_READ`)."""
 
 
 class _Columns(NamedTuple):
@@ -52,6 +62,13 @@ class _Columns(NamedTuple):
     counted: tuple[torch.Tensor, ...]
     versions: list[int]
     uncounted: tuple[torch.Tensor, ...]
+
+
+_READ: tuple[str, ...] = ("ln1.w", "ln1.b", "ln2.w", "ln2.b", "ln_final.w", "ln_final.b")
+_READ += ("attn.b_O", "unembed.W_U", "unembed.b_U")
+"""The weights that the analyses interpreting a cache read (``apply_ln_to_stack``, the
+decompositions with ``apply_ln``, ``direct_attribution``, ``logit_lens``), by the end of
+their names: ``blocks.{l}.ln1.w`` ... ``unembed.b_U``."""
 
 
 def _version(t: torch.Tensor) -> int:
@@ -103,7 +120,12 @@ def _walk_weights(model: nn.Module) -> _Weights:
         versions=[row[4] for row in tensors if row[4] >= 0],
         uncounted=tuple(row[3] for row in tensors if row[4] < 0),
     )
-    return _Weights(tuple(modules), tuple(tensors), tuple(sizes), columns)
+    read = tuple(
+        (name, t)
+        for name, _, _, t, _, _ in tensors
+        if any(name == leaf or name.endswith("." + leaf) for leaf in _READ)
+    )
+    return _Weights(tuple(modules), tuple(tensors), tuple(sizes), columns, read)
 
 
 def _unchanged(record: _Weights) -> bool | None:
@@ -149,3 +171,48 @@ def _changed_rows(record: _Weights) -> list[str]:
         if len(d) != n
     ]
     return changed
+
+
+_INTS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bits as integers: compared with ``torch.equal``, NaN equals the same NaN."""
+    return t.view(_INTS[t.element_size()])
+
+
+def _read_values(record: _Weights) -> list[torch.Tensor]:
+    """A copy of the tensors ``record.read`` lists as they are now: one flat tensor (one
+    copy kernel) when they share a device and dtype, as a model's weights do, else one
+    copy each. A few thousand numbers for the paper's model."""
+    flat = [t.detach().reshape(-1) for _, t in record.read]
+    if not flat:
+        return []
+    if all(t.device == flat[0].device and t.dtype == flat[0].dtype for t in flat):
+        return [torch.cat(flat)]
+    return [t.clone() for t in flat]
+
+
+def _pieces(record: _Weights, values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``values`` (from :func:`_read_values` of ``record``) as one flat tensor per name."""
+    if len(values) == len(record.read):
+        return values
+    sizes = [t.numel() for _, t in record.read]
+    return list(values[0].split(sizes))
+
+
+def _changed_values(record: _Weights, values: list[torch.Tensor]) -> list[str]:
+    """The names of the tensors of ``record.read`` whose bits differ from ``values``
+    (:func:`_read_values` of the same record). Call it only when :func:`_changed_weights`
+    found nothing: the tensors are then the recorded ones, with their shapes."""
+    now = _read_values(record)
+    if all(torch.equal(_bits(a), _bits(b)) for a, b in zip(now, values, strict=True)):
+        return []
+    return [
+        f"{name} (its values: written through .data or in another way that PyTorch's "
+        "version counter does not see)"
+        for (name, _), a, b in zip(
+            record.read, _pieces(record, now), _pieces(record, values), strict=True
+        )
+        if not torch.equal(_bits(a), _bits(b))
+    ]

@@ -167,7 +167,11 @@ class HookPoint(nn.Module):
         """``forward(x)`` without ``nn.Module.__call__``'s dispatch unless PyTorch's own
         module hooks (``register_forward_hook`` and its kin on this point, or the global
         ones) need it: a model calls ~20 hook points per block, and on a launch-bound GPU
-        (or any small batch) that dispatch was a tenth of a forward pass."""
+        (or any small batch) that dispatch was a tenth of a forward pass.
+
+        What leaves the point is what PyTorch's hooks leave: a ``run_with_cache``
+        recording keeps that (not the value before a PyTorch forward hook edited it) and
+        counts their edits as edits of the point."""
         if (
             self._forward_hooks
             or self._forward_pre_hooks
@@ -175,6 +179,9 @@ class HookPoint(nn.Module):
             or self._backward_pre_hooks
             or _torch_module_hooks()
         ):
+            recorder = getattr(_RECORDER, "current", None)
+            if recorder is not None:
+                return recorder.through(self, x, super().__call__)
             return super().__call__(x)
         return self.forward(x)
 
@@ -206,7 +213,7 @@ class HookPoint(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         """``copy.deepcopy`` and pickling keep the hooks every thread sees, not the scoped
         ones: those belong to the ``hooks()`` context that added them, in the original."""
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         for attr in ("_fwd", "_bwd"):
             state[attr] = [h for h in state[attr] if h.owner is None]
         return state
@@ -215,18 +222,32 @@ class HookPoint(nn.Module):
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
 
 
-def idle(*points: "HookPoint") -> bool:
-    """Whether nothing at all watches any of ``points``: no hook of ours (any thread's),
-    no PyTorch module hook on them and no global PyTorch module hook. A component may
-    then skip calling them and building the views it would show them (``Attention``
-    does). ``run_with_cache`` records through hooks it attaches to the points it caches,
-    so they are not idle while it runs (and :meth:`HookPoint.forward` shows its recorder
-    nothing at a point without hooks either).
+def idle(*points: nn.Module) -> bool:
+    """Whether every one of ``points`` is a stock :class:`HookPoint` (not a subclass, not
+    another module put in its place) that nothing at all watches: no hook of ours (any
+    thread's), no PyTorch module hook on it and no global PyTorch module hook. Such a
+    point returns its input unchanged, so a component may skip calling it and building
+    the views it would show it (``Attention`` does). ``run_with_cache`` records through
+    hooks it attaches to the points it caches, so they are not idle while it runs (and
+    :meth:`HookPoint.forward` shows its recorder nothing at a point without hooks
+    either).
 
-    Anything new that lets a point see activations must make this return False."""
+    Anything new that lets a point see or change activations must make this return False.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.hooks.hook_point import HookPoint, idle
+        >>> point = HookPoint()
+        >>> idle(point)
+        True
+        >>> handle = point.add_hook(lambda x, hook: None)
+        >>> idle(point), idle(torch.nn.Identity())
+        (False, False)
+    """
     for p in points:
         if (
-            p._fwd
+            type(p) is not HookPoint
+            or p._fwd
             or p._bwd
             or p._forward_hooks
             or p._forward_pre_hooks

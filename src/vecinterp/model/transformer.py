@@ -261,6 +261,13 @@ class HookedVectorTransformer(HookedModule):
                 f"return_type must be one of {RETURN_TYPES}, got {return_type!r}{reason}"
             )
         n = self.cfg.n_layers
+        blocks = self.blocks
+        if len(blocks) != n:
+            raise ValueError(
+                f"model.blocks holds {len(blocks)} blocks but cfg.n_layers is {n}: a block was "
+                "added or removed (del, pop, insert, append) and the config does not say so; "
+                "build a model of the config you want and copy the blocks' weights into it"
+            )
         start = 0 if start_at_layer is None else _boundary("start_at_layer", start_at_layer, n)
         stop = n if stop_at_layer is None else _boundary("stop_at_layer", stop_at_layer, n)
         if stop < start:
@@ -273,7 +280,6 @@ class HookedVectorTransformer(HookedModule):
                 resid = resid + self.hook_pos_embed(self.pos_embed(batch, n_pos))
         else:
             resid = check_input(x, self.cfg, self.embed.W_E, axis="d_model")
-        blocks = self.blocks
         for i in range(start, stop):  # not blocks[start:stop], which builds a ModuleList
             resid = blocks[i](resid)
         if stop_at_layer is not None:
