@@ -353,7 +353,10 @@ class FactoredMatrix:
         ``eig(AB)``, ``[*batch, m]``, already the smaller matrix. Either way the output has
         ``min(m, k)`` eigenvalues, in no particular order, as a complex tensor
         (``complex128`` for ``float64`` factors). Sums such as the copying score
-        ``Re(Σλ) / Σ|λ|`` are unaffected by the dropped zeros.
+        ``Re(Σλ) / Σ|λ|`` are unaffected by the dropped zeros. TransformerLens's property
+        of the same name always returns ``eig(BA)``, ``k`` values: ``k - m`` more (zeros)
+        than this when ``k > m`` (``docs/migrating.rst``, "Habits that behave
+        differently").
 
         Raises:
             ValueError: ``AB`` is not square (``m != n``).
