@@ -1,31 +1,27 @@
-"""Replicate Bhargav & Gu (2024), "Interpreting Affine Recurrence Learning in GPT-style
-Transformers" (§4), on one or several trained models, with every reading of each claim.
+"""Replicate Bhargav & Gu, "Interpreting Affine Recurrence Learning in GPT-style
+Transformers" (2024, arXiv:2410.17438, §4) on trained models, every reading of each claim.
 
 A 3-layer transformer reads normalised affine recurrences ``a_k = c a_{k-1} + d`` (real
-vectors, no tokenizer) and predicts the next vector. The paper makes thirteen claims about
-its trained model; several leave the method open (which space, one head or all, which
-heads...). ``vecinterp.tasks.affine_claims.measure_claims`` measures each claim under every
-reading the paper's words allow, and judges it on the primary reading (the one the words
-name) by explicit thresholds. This script loads the models, prints a line per analysis as
-it runs, prints the claims table, and writes the figures and ``report.md`` (one column per
-model) into ``--out``.
+vectors) and predicts the next vector. ``vecinterp.tasks.affine_claims.measure_claims``
+measures each of the paper's claims under every reading its words allow and judges it on
+the primary one by explicit thresholds. This script prints a line per analysis as it runs,
+then the claims table, and writes figures and ``report.md`` (a column per model) to ``--out``.
 
 Run::
 
-    python examples/affine_recurrence.py                       # the shipped model, ~12 s
+    python examples/affine_recurrence.py                       # the shipped model, ~13 s
     python examples/affine_recurrence.py --checkpoint fast paper checkpoints/affine_fast_seed1
     python examples/affine_recurrence.py --train --steps 2000  # train a model here first
     python examples/affine_recurrence.py --fast                # CI: a tiny model, seconds
 
-``--checkpoint`` takes reference names (``fast``, ``paper``: ``affine_recurrence.load_reference``,
-shipped inside the package, so this runs from any directory) and ``vi.save`` folders.
-``--fast`` trains a tiny model (d_model 32, 5 heads, 3 layers, 8-dim vectors) for 120
-steps with small data sets: it exercises the plumbing, its numbers say nothing about the
-paper. ``--acdc`` also runs automated circuit discovery on the first model
-(``affine_claims.discover_affine_circuit``) and adds its graph to the report.
+``--checkpoint`` takes reference names (``affine_recurrence.load_reference``, shipped in the
+package) and ``vi.save`` folders. ``--fast`` trains a tiny model (d_model 32, 5 heads, 3
+layers, 8-dim vectors) for 120 steps on small data: plumbing only, its numbers say nothing
+about the paper. ``--acdc`` adds circuit discovery (``affine_claims.discover_affine_circuit``).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -144,6 +140,9 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
     """Run everything; returns one ``ClaimsResult`` per model."""
     start = time.perf_counter()
     args = parse_args(argv)
+    if not args.no_figures and importlib.util.find_spec("matplotlib") is None:
+        print("matplotlib is not installed (pip install 'vecinterp[plot]'): no figures")
+        args.no_figures = True
     threads = args.threads or idle_cores()
     torch.set_num_threads(threads)
     loaded = [train_model(args)] if args.train else [load_model(s) for s in args.checkpoint]
@@ -171,6 +170,8 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for name, result in zip(names, results, strict=True):  # to re-judge or tabulate later
+        (out / f"values_{name}.json").write_text(json.dumps(result.values))
     figures: list[str] = []
     if not args.no_figures:
         import matplotlib
@@ -183,8 +184,6 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
         drawn.update({"circuit": lambda: plot.plot_circuit(circuit)} if args.acdc else {})
         figures = [p.name for p in plot.save_figures(drawn, out, dpi=args.dpi, processes=threads)]
         report("figures", time.perf_counter() - t0)
-    for name, result in zip(names, results, strict=True):  # to re-judge or tabulate later
-        (out / f"values_{name}.json").write_text(json.dumps(result.values))
     wall = time.perf_counter() - start
     text = ac.claims_report(
         results, names, sources=[x[2] for x in loaded], figures=figures, wall=wall

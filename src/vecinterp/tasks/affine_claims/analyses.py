@@ -19,7 +19,6 @@ from ...analysis import (
     full_ov_circuit,
     head_ablation_sweep,
     logit_lens,
-    mean_ablation_hook,
     mean_activations,
     ov_circuit,
     ov_linearity,
@@ -27,7 +26,6 @@ from ...analysis import (
     pattern_ablation_hook,
     position_k_score,
     previous_position_score,
-    zero_ablation_hook,
 )
 from ...factored_matrix import FactoredMatrix
 from ...loss import masked_mse
@@ -405,20 +403,21 @@ def _ablation(
     v["population_per_length"] = min(p.shape[0] for p in populations.values())
     longest = means[max(means)]
 
-    def mse_from_layer_1(run: _Run, hook: Any, rows: slice) -> float:
-        with net.hooks(fwd_hooks=[(name, hook)]):
-            out = net(run.resid[1][rows], start_at_layer=1)
-        return float(masked_mse(out, run.batch.targets[rows], run.batch.loss_mask[rows]))
+    def joint(run: _Run) -> list[float]:
+        """Every head of layer 1 replaced by: the means of the run's length, the longest
+        length's means (the former measurement), zeros; one pass, the rows tiled 3 times."""
+        n, b = run.batch.length, run.resid[1].shape[0]
+        z = means[n]
+        replacements = torch.stack([z, longest[:n], torch.zeros_like(z)]).repeat_interleave(b, 0)
+        with net.hooks(fwd_hooks=[(name, lambda act, hook: replacements.to(act.dtype))]):
+            out = net(run.resid[1].repeat(3, 1, 1), start_at_layer=1)
+        t, mask = run.batch.targets, run.batch.loss_mask
+        return [float(masked_mse(o, t, mask)) for o in out.split(b)]
 
-    every = slice(None)
-    v["ablate_joint"] = _mean(
-        [mse_from_layer_1(r, mean_ablation_hook(means[r.batch.length]), every) for r in runs]
+    readings = [joint(r) for r in runs]
+    v["ablate_joint"], v["ablate_joint_longest"], v["ablate_joint_zero"] = (
+        _mean(list(col)) for col in zip(*readings, strict=True)
     )
-    # the former measurement: the longest length's means applied to every length
-    v["ablate_joint_longest"] = _mean(
-        [mse_from_layer_1(r, mean_ablation_hook(longest), every) for r in runs]
-    )
-    v["ablate_joint_zero"] = _mean([mse_from_layer_1(r, zero_ablation_hook(), every) for r in runs])
     rows = slice(0, sizes["sweep_batch_size"])
     sweep = runs[: sizes["sweep_batches"]]
     v["sweep_base"] = _mean([_mse(r.out[rows], _rows(r.batch, rows)) for r in sweep])
