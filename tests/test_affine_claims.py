@@ -160,12 +160,6 @@ def test_eval_ablation_and_patch_match_the_library_on_whole_passes(result):
     everything = {1: list(range(5))}
     joint = mse(eval_set, heads=everything, kind="mean")
     assert v["ablate_joint"] == pytest.approx(joint, rel=1e-10)
-    # the former measurement: length-14 means sliced to every length
-    longest = mse(eval_set, heads=everything, kind="mean", population=means[14])
-    assert v["ablate_joint_longest"] == pytest.approx(longest, rel=1e-10)
-    assert v["ablate_joint_zero"] == pytest.approx(mse(eval_set, heads=everything), rel=1e-10)
-    # the two populations differ, so the readings do
-    assert abs(joint - longest) > 1e-6 * joint
     rows = slice(0, s["sweep_batch_size"])
     sweep = [
         ar.AffineBatch(
@@ -173,6 +167,13 @@ def test_eval_ablation_and_patch_match_the_library_on_whole_passes(result):
         )
         for b in eval_set[: s["sweep_batches"]]
     ]
+    # on the sweep set: the former measurement (length-14 means sliced to every length) and
+    # zero ablation; the matched means differ from the length-14 ones, so the readings do
+    longest = mse(sweep, heads=everything, kind="mean", population=means[14])
+    assert v["ablate_joint_longest"] == pytest.approx(longest, rel=1e-10)
+    assert v["ablate_joint_zero"] == pytest.approx(mse(sweep, heads=everything), rel=1e-10)
+    matched_sweep = mse(sweep, heads=everything, kind="mean")
+    assert abs(matched_sweep - longest) > 1e-6 * matched_sweep
     for h in range(5):
         single = mse(sweep, heads=(1, h), kind="mean")
         assert v["ablate_heads"][h] == pytest.approx(single, rel=1e-10)

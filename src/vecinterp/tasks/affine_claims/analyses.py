@@ -403,24 +403,29 @@ def _ablation(
     v["population_per_length"] = min(p.shape[0] for p in populations.values())
     longest = means[max(means)]
 
-    def joint(run: _Run) -> list[float]:
-        """Every head of layer 1 replaced by: the means of the run's length, the longest
-        length's means (the former measurement), zeros; one pass, the rows tiled 3 times."""
-        n, b = run.batch.length, run.resid[1].shape[0]
+    def joint(run: _Run, rows: slice, kinds: Sequence[str]) -> list[float]:
+        """Every head of layer 1 replaced, in one pass with the rows tiled once per kind:
+        ``"matched"`` the means of the run's length, ``"longest"`` the longest length's
+        means (the former measurement), ``"zero"`` zeros."""
+        n, resid = run.batch.length, run.resid[1][rows]
         z = means[n]
-        replacements = torch.stack([z, longest[:n], torch.zeros_like(z)]).repeat_interleave(b, 0)
-        with net.hooks(fwd_hooks=[(name, lambda act, hook: replacements.to(act.dtype))]):
-            out = net(run.resid[1].repeat(3, 1, 1), start_at_layer=1)
-        t, mask = run.batch.targets, run.batch.loss_mask
+        by_kind = {"matched": z, "longest": longest[:n], "zero": torch.zeros_like(z)}
+        b = resid.shape[0]
+        repl = torch.stack([by_kind[k] for k in kinds]).repeat_interleave(b, 0)
+        with net.hooks(fwd_hooks=[(name, lambda act, hook: repl.to(act.dtype))]):
+            out = net(resid.repeat(len(kinds), 1, 1), start_at_layer=1)
+        t, mask = run.batch.targets[rows], run.batch.loss_mask[rows]
         return [float(masked_mse(o, t, mask)) for o in out.split(b)]
 
-    readings = [joint(r) for r in runs]
-    v["ablate_joint"], v["ablate_joint_longest"], v["ablate_joint_zero"] = (
-        _mean(list(col)) for col in zip(*readings, strict=True)
-    )
+    v["ablate_joint"] = _mean([joint(r, slice(None), ["matched"])[0] for r in runs])
     rows = slice(0, sizes["sweep_batch_size"])
     sweep = runs[: sizes["sweep_batches"]]
     v["sweep_base"] = _mean([_mse(r.out[rows], _rows(r.batch, rows)) for r in sweep])
+    # the alternatives of the joint reading, on the sweep set (against sweep_base)
+    alternatives = [joint(r, rows, ["longest", "zero"]) for r in sweep]
+    v["ablate_joint_longest"], v["ablate_joint_zero"] = (
+        _mean(list(col)) for col in zip(*alternatives, strict=True)
+    )
     per_batch = [  # one batched pass per batch: its rows tiled once per head
         head_ablation_sweep(
             net,

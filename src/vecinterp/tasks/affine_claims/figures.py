@@ -132,7 +132,14 @@ def claim_figures(
             (d["full_ov_example"], "input→output: W_E ΣOV W_U", "paper", "a_i",
              "(a W_E ΣOV W_U)_i"),
         )  # fmt: skip
-        for ax, ((x, y), title, ref, xlabel, ylabel) in zip(axes, panels, strict=True):
+        stats = (  # the claims' statistics, over every vector; each panel shows one vector
+            f"claim 6 over all vectors: median slope {v['ov_slope']:.2f}, mean R² {v['ov_r2']:.2f}",
+            f"claim 7 over all vectors: mean R² {v['ov_random_r2']:.2f}",
+            f"6′/7′ over all inputs: slope {v['full_ov_slope']:.2f}, R² {v['full_ov_r2']:.2f}",
+        )
+        for ax, ((x, y), title, ref, xlabel, ylabel), stat in zip(axes, panels, stats, strict=True):
+            ax.text(0.02, 0.02, f"one example vector;\n{stat}", transform=ax.transAxes, fontsize=7,
+                    va="bottom")  # fmt: skip
             fit = fit_line(x, y)
             plot.plot_fit(
                 x,
@@ -163,24 +170,38 @@ def claim_figures(
 
     def ablation_and_patch() -> Any:
         heads_mse, base = d["ablation"]
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-        names = [f"L1H{h}" for h in range(n_heads)] + ["all L1"]
-        ax1.bar(names, [*heads_mse, v["ablate_joint"] * base / v["mse"]], color="tab:blue")
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
+        names = [f"L1H{h}" for h in range(n_heads)]
+        names += ["all L1", "all L1, len-14 means", "all L1, zeros"]
+        ratios = [m / base for m in heads_mse]  # each against its own unablated MSE
+        ratios += [v["ablate_joint"] / v["mse"]]
+        ratios += [v[k] / base for k in ("ablate_joint_longest", "ablate_joint_zero")]
+        colors = ["tab:blue"] * n_heads + ["tab:purple", "tab:gray", "tab:gray"]
+        ax1.bar(names, ratios, color=colors)
         ax1.set_yscale("log")
-        ax1.axhline(base, color="black", lw=1, label=f"unablated {base:.1e}")
-        ax1.axhline(2 * base, color="tab:red", ls="--", lw=1, label="paper: 2x (1e-4 -> 2e-4)")
-        ax1.set_title("claim 9: mean-ablating layer-1 heads")
-        ax1.set_ylabel("eval MSE")
+        ax1.tick_params(axis="x", labelrotation=60, labelsize=7)
+        ax1.axhline(1.0, color="black", lw=1, label="unablated")
+        ax1.axhline(2.0, color="tab:red", ls="--", lw=1, label="paper: x2 (1e-4 -> 2e-4)")
+        ax1.set_title(
+            f"claim 9: mean-ablating layer-1 heads\n(all L1: eval set, unablated "
+            f"{v['mse']:.1e}; the others: sweep set, {base:.1e})",
+            fontsize=9,
+        )
+        ax1.set_ylabel("MSE / unablated MSE")
         ax1.legend(fontsize=8)
         alt = v["qk_alt"]
         keys = ["seed+1", "top", "all", "matched", "uniform"]
+        labels = ["paper's heads 0-4", "another random Q", "5 most identity-like",
+                  "all heads", "P scaled to |QK|_F", "uniform attention (ref.)"]  # fmt: skip
         ax2.bar(
-            ["heads 0-4", *keys],
+            labels,
             [v["qk_patch"] / v["mse"]] + [alt[k] / v["sweep_base"] for k in keys],
-            color="tab:blue",
+            color=["tab:blue"] * 5 + ["tab:gray"],
         )
+        ax2.tick_params(axis="x", labelrotation=30, labelsize=7)
         ax2.axhline(1.0, color="tab:red", ls="--", lw=1, label="paper: unchanged (x1)")
-        ax2.set_title("claim 11: pseudoinverse QK patch of layer 2")
+        ax2.set_title("claim 11: pseudoinverse QK patch of layer 2 (Q random, K^T = pinv Q)",
+                      fontsize=9)  # fmt: skip
         ax2.set_ylabel("MSE / unpatched MSE")
         ax2.legend(fontsize=8)
         return fig
@@ -195,7 +216,8 @@ def claim_figures(
                 lens[idx, last],
                 batch.targets[idx, last],
                 ax=ax,
-                title=f"{name.replace('_', '-')} (c = {float(batch.c[idx]):+.2f}), last position",
+                title=f"claim 13, primary reading (ln_final and W_U on layer 0's resid_post):\n"
+                f"{name.replace('_', '-')} (c = {float(batch.c[idx]):+.2f}), last position",
                 labels=("after layer 0 through W_U", "target a_{n+1}"),
             )
             paper = batch.inputs[idx, last] + PAPER_ALPHA * batch.inputs[idx, last - 1]

@@ -490,8 +490,8 @@ def _judge_9(v: dict[str, Any]) -> Claim:
     med = sorted(ratios)[n // 2] if n % 2 else _mean(sorted(ratios)[n // 2 - 1 : n // 2 + 1])
     worst = max(range(n), key=lambda h: ratios[h])
     joint = v["ablate_joint"] / v["mse"]
-    longest = v["ablate_joint_longest"] / v["mse"]
-    zero = v["ablate_joint_zero"] / v["mse"]
+    longest = v["ablate_joint_longest"] / base  # on the sweep set, as the single heads
+    zero = v["ablate_joint_zero"] / base
     lo = min(v["ablate_heads"])
     per = v["population_per_length"]
     return _claim(
@@ -513,13 +513,13 @@ def _judge_9(v: dict[str, Any]) -> Claim:
             ),
             Reading(
                 "zero",
-                "all heads at once, zero ablation",
+                "all heads at once, zero ablation (sweep set)",
                 f"x{zero:.0f}",
                 zero,
             ),
             Reading(
                 "longest_means",
-                "all heads at once, length-14 means for every length (mismatched)",
+                "all heads at once, length-14 means for every length (mismatched; sweep set)",
                 f"x{longest:.0f}",
                 longest,
             ),
