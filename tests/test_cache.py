@@ -323,7 +323,7 @@ def test_decompose_resid_layer_out_of_range():
 @pytest.mark.parametrize("incl_mid", [False, True])
 @pytest.mark.parametrize("cfg", CFGS.values(), ids=CFGS.keys())
 def test_accumulated_resid(cfg, incl_mid):
-    _, _, _, cache = run(cfg)
+    model, _, _, cache = run(cfg)
     mid = incl_mid and not cfg.attn_only
     for layer in [*range(cfg.n_layers + 1), None]:
         n = cfg.n_layers if layer is None else layer
@@ -344,9 +344,16 @@ def test_accumulated_resid(cfg, incl_mid):
         assert labels == expected_labels
         assert torch.equal(stack, torch.stack(expected))
     if cfg.normalization is not None:
+        # the final stream: a logit lens, ln_final recomputed on each entry
         full = cache.accumulated_resid(incl_mid=incl_mid)
         normed = cache.accumulated_resid(incl_mid=incl_mid, apply_ln=True)
-        assert torch.equal(normed, cache.apply_ln_to_stack(full))
+        with torch.no_grad():
+            assert max_diff(normed, torch.stack([model.ln_final(r) for r in full])) <= EXACT
+        # a block's input: linearised at the run's scale, as the decompositions
+        last = cfg.n_layers - 1
+        full = cache.accumulated_resid(layer=last, incl_mid=incl_mid)
+        normed = cache.accumulated_resid(layer=last, incl_mid=incl_mid, apply_ln=True)
+        assert torch.equal(normed, cache.apply_ln_to_stack(full, layer=last))
 
 
 def test_accumulated_resid_labels_hand_written():

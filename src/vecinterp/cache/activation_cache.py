@@ -362,11 +362,17 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         Args:
             layer: the block whose input is the last entry (``None``: the final stream).
             incl_mid: include the ``resid_mid`` of each block before ``layer``.
-            apply_ln: read every entry as ``layer`` reads its input: through block
-                ``layer``'s ``ln1`` (``ln2`` with ``mlp_input``), or ``ln_final`` for the
-                final stream, linearised at this run's scale (:meth:`apply_ln_to_stack`;
-                TransformerLens's convention). With ``layer=None`` the entries are ready
-                to read out with ``W_U`` (a "logit lens" for vectors).
+            apply_ln: read every entry through the norm that reads ``layer``'s input.
+                For the final stream (``layer`` ``None``/``-1``/``n_layers``) this is a
+                logit lens: each entry goes through ``ln_final`` recomputed on that entry,
+                its own mean and scale, ``w`` and ``b`` included (TransformerLens's
+                ``recompute_ln``), so ``entry @ W_U + b_U`` is what the model would output
+                if the later blocks were removed, and the last entry is exactly what the
+                unembedding read. For a block's input (``layer`` ``0..n_layers-1``) the
+                entries are read through block ``layer``'s ``ln1`` (``ln2`` with
+                ``mlp_input``) linearised at this run's scale, as the decompositions are
+                (:meth:`apply_ln_to_stack`: the cached scale of the real input, ``w``
+                but not ``b``; TransformerLens's convention).
             return_labels: also return the labels.
             mlp_input: end with block ``layer``'s ``resid_mid`` (the MLP's input).
 
@@ -381,6 +387,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             >>> ln1 = model.blocks[1].ln1
             >>> bool(torch.allclose(read[-1] + ln1.b, ln1(cache["resid_pre", 1]), atol=1e-6))
             True
+            >>> lens = cache.accumulated_resid(apply_ln=True)  # each entry through ln_final
+            >>> ln_final = model.ln_final
+            >>> bool(torch.allclose(lens[0], ln_final(cache["resid_pre", 0]), atol=1e-6))
+            True
         """
         n = self._n(layer, mlp_input)
         parts, labels = [], []
@@ -394,7 +404,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             if (incl_mid and ell < n and not self.cfg.attn_only) or (mlp_input and ell == n):
                 parts.append(self["resid_mid", ell])
                 labels.append(f"{ell}_mid")
-        stack = self._read(torch.stack(parts), apply_ln, n, mlp_input, "accumulated_resid")
+        stack = torch.stack(parts)
+        if apply_ln and n == self.cfg.n_layers:
+            stack = self._recompute_ln_final(stack, "accumulated_resid(apply_ln=True)")
+        else:
+            stack = self._read(stack, apply_ln, n, mlp_input, "accumulated_resid")
         return (stack, labels) if return_labels else stack
 
     def decompose_resid(
@@ -420,8 +434,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             incl_embeds: include ``embed`` and ``pos_embed``.
             apply_ln: read every component as ``layer`` reads it: through block
                 ``layer``'s ``ln1`` (``ln2`` with ``mlp_input``), or ``ln_final`` for the
-                final stream, linearised at this run's scale (:meth:`apply_ln_to_stack`).
-                The components then sum to the norm's output minus its bias ``b``.
+                final stream, linearised at this run's scale (:meth:`apply_ln_to_stack`),
+                the final stream included: the components then sum to the norm's output
+                minus its bias ``b``. (Unlike :meth:`accumulated_resid`'s logit lens, which
+                recomputes ``ln_final`` on each entry, since its entries are whole streams,
+                not parts of one.)
             return_labels: also return the labels.
             mlp_input: decompose block ``layer``'s ``resid_mid`` (the MLP's input).
 
@@ -489,7 +506,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             layer: heads of blocks ``0..layer-1`` (``None``/``-1``/``n_layers``: all).
             apply_ln: read every head's output as ``layer`` reads it: through block
                 ``layer``'s ``ln1``, or ``ln_final`` when ``layer`` is the final stream,
-                linearised at this run's scale (:meth:`apply_ln_to_stack`).
+                linearised at this run's scale (:meth:`apply_ln_to_stack`), the final
+                stream included, so that the heads' reads add up (to the norm's output
+                minus ``b``, with the other components of :meth:`decompose_resid`).
             return_labels: also return the labels.
 
         Example:
@@ -525,10 +544,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         ``hook_scale`` of the norm. Because the norm is linear once its scale is fixed,
         ``apply_ln_to_stack(decompose_resid()).sum(0) + ln.b`` equals the norm's output.
 
-        This is the stack "as layer ``layer`` reads it"; ``accumulated_resid``,
-        ``decompose_resid`` and ``stack_head_results`` call it with their own ``layer``
-        when ``apply_ln=True`` (TransformerLens's convention). Unlike TransformerLens,
-        ``w`` is applied, so the result is right for models whose norms are not folded.
+        This is the stack "as layer ``layer`` reads it"; ``decompose_resid`` and
+        ``stack_head_results`` call it with their own ``layer`` when ``apply_ln=True``
+        (TransformerLens's convention), and so does ``accumulated_resid`` for a block's
+        input; ``accumulated_resid``'s final stream is a logit lens instead, which
+        recomputes ``ln_final`` on each entry. Unlike TransformerLens, ``w`` is applied,
+        so the result is right for models whose norms are not folded.
 
         Args:
             residual_stack: ``[..., batch, pos, d_model]`` components.
@@ -551,6 +572,22 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             True
         """
         return self._apply_ln(residual_stack, layer, mlp_input, "apply_ln_to_stack")
+
+    def _recompute_ln_final(self, stack: torch.Tensor, what: str) -> torch.Tensor:
+        """``ln_final`` applied to each entry of ``stack`` with that entry's own statistics
+        (the norm's formula, ``w`` and ``b`` included, without firing its hooks)."""
+        if self.cfg.normalization is None:
+            return stack
+        self._check_weights(what)
+        ln = cast("Norm", self.model.ln_final)
+        x = stack
+        if ln.centre:
+            x = x - x.mean(-1, keepdim=True)
+        x = x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()
+        if ln.w is None:
+            return x
+        w = ln.w.detach().to(x.device)
+        return x * w if ln.b is None else torch.addcmul(ln.b.detach().to(x.device), x, w)
 
     def _apply_ln(
         self, residual_stack: torch.Tensor, layer: int | None, mlp_input: bool, what: str
