@@ -26,6 +26,18 @@ if TYPE_CHECKING:
     from ..model import HookedVectorTransformer
     from ..model.components import Norm
 
+# TransformerLens's ActivationCache methods that users type, and what to use here
+_TL_HABITS = {
+    "logit_attrs": "use vi.direct_attribution(model, cache, targets), each component's "
+    "read-out along target vectors [batch, pos, d_out] (vi.next_vector_targets builds "
+    "them for next-vector prediction), or cache.apply_ln_to_stack(stack) @ model.W_U",
+    "get_full_resid_decomposition": "use cache.decompose_resid() (embeddings, attention "
+    "and MLP outputs) or cache.stack_head_results() (each head), or "
+    'vi.direct_attribution(model, cache, targets, components="all")',
+    "compute_head_results": "nothing to compute: each head's output is hook_result, which "
+    'run_with_cache stores by default: cache["result", layer] [batch, pos, n_heads, d_model]',
+}
+
 
 class ActivationCache(Mapping[str, torch.Tensor]):
     """The activations of one forward pass, keyed by hook name.
@@ -147,6 +159,16 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             if not callable(fn):
                 raise TypeError(f"derived: the function for {name!r} must be callable")
             self._pending[name] = (source, fn)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name that is not an attribute: say what TransformerLens's
+        # ActivationCache methods are here
+        if name in _TL_HABITS:
+            raise AttributeError(
+                f"ActivationCache has no attribute {name!r} (TransformerLens's "
+                f"ActivationCache.{name}): {_TL_HABITS[name]}"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- Mapping ----------------------------------------------------------------------
     def _layer(self, layer: object) -> int:

@@ -37,6 +37,28 @@ if TYPE_CHECKING:
 
 RETURN_TYPES = ("output", "loss", "both")
 
+_NO_TOKENIZER = (
+    "vecinterp has no tokenizer: the inputs are already float vectors [batch, pos, d_in], "
+    "so call model(x) on them"
+)
+_RETURNS_A_COPY = "; it returns a new model and leaves model unchanged"
+# TransformerLens's HookedTransformer attributes that users type, and what to use here
+_TL_HABITS = {
+    "process_weights_": "use model = vi.process_weights(model) (fold_ln, "
+    "center_writing_weights, fold_value_biases; no center_unembed, which would change a "
+    "regression output)" + _RETURNS_A_COPY,
+    "fold_layer_norm": "use model = vi.fold_layer_norm(model)" + _RETURNS_A_COPY,
+    "center_writing_weights": "use model = vi.center_writing_weights(model)" + _RETURNS_A_COPY,
+    "fold_value_biases": "use model = vi.fold_value_biases(model)" + _RETURNS_A_COPY,
+    "center_unembed": "not offered: removing W_U's mean leaves a softmax's output as it "
+    "was, but changes a regression output",
+    "to_tokens": _NO_TOKENIZER,
+    "to_str_tokens": _NO_TOKENIZER,
+    "to_string": _NO_TOKENIZER,
+    "to_single_token": _NO_TOKENIZER,
+    "tokenizer": _NO_TOKENIZER,
+}
+
 _skip_init = False  # True only inside uninitialised_weights()
 
 
@@ -567,13 +589,19 @@ class HookedVectorTransformer(HookedModule):
 
     def __getattr__(self, name: str) -> Any:
         # nn.Module answers a property's AttributeError with its own "has no attribute";
-        # give the property's message (why W_pos or W_in is absent) instead
+        # give the property's message (why W_pos or W_in is absent) instead, and for
+        # TransformerLens's methods that have another form here, what to use
         try:
             return super().__getattr__(name)
         except AttributeError:
             prop = getattr(type(self), name, None)
             if isinstance(prop, property) and prop.fget is not None:
                 return prop.fget(self)
+            if name in _TL_HABITS:
+                raise AttributeError(
+                    f"{type(self).__name__} has no attribute {name!r} (TransformerLens's "
+                    f"HookedTransformer.{name}): {_TL_HABITS[name]}"
+                ) from None
             raise
 
     @property
