@@ -5,8 +5,9 @@ connects them.
 The task (``vecinterp.tasks.induction``): ``m`` random unit vectors ``r_1 .. r_m``, then the
 same ``m`` again; at every position predict the next vector; the loss is on the repeated half,
 where the next vector is the one that followed the previous occurrence of the current one.
-The framework paper's story (Elhage et al. 2021; notes in
-``papers/mathematical_framework_notes_li.md``, §4.3-4.4) says a 2-layer attention-only model
+The framework paper's story (Elhage et al. 2021, "A Mathematical Framework for Transformer
+Circuits", Transformer Circuits Thread, not on arXiv: transformer-circuits.pub/2021/framework;
+section "Two-Layer Attention-Only Transformers") says a 2-layer attention-only model
 solves this with two heads: a previous-position head in layer 0 and an induction head in
 layer 1 whose keys read what the layer-0 head wrote (K-composition).
 

@@ -1,5 +1,6 @@
-"""The retrieval problem of Musat (2024), "Stacked attention heads" (``papers/
-stacked_attention_heads_musat_2024.txt``), scaled down to minutes on a CPU, with vecinterp.
+"""The retrieval problem of Mușat (2024), "Mechanism and Emergence of Stacked Attention Heads
+in Multi-Layer Transformers" (arXiv:2411.12118), scaled down to minutes on a CPU, with
+vecinterp.
 
 A transformer reads ``N`` chains of pairs ``(x_0, x_1), (x_1, x_2), ...`` of random vectors
 (interleaved step by step, shuffled within a step) and then one query ``x_0`` per chain,

@@ -1,12 +1,13 @@
 """Vector induction: a sequence of random unit vectors, then the same sequence again.
 
 The induction-head story of Elhage et al. (2021), "A Mathematical Framework for Transformer
-Circuits" (notes: ``papers/mathematical_framework_notes_li.md``, §4.3-4.4), with real
-vectors instead of tokens. A sequence is ``m`` fresh random unit vectors ``r_1 .. r_m``
-followed by the same ``m`` vectors again; at every position the model predicts the next
-vector. In the repeated half the next vector has been seen before: it is the one that
-followed the previous occurrence of the current vector, so a model that looks back for
-the current vector and copies its successor (an induction head) predicts it exactly. A
+Circuits" (Transformer Circuits Thread, not on arXiv: transformer-circuits.pub/2021/framework;
+section "Two-Layer Attention-Only Transformers"), with real vectors instead of tokens. A
+sequence is ``m`` fresh random unit vectors ``r_1 .. r_m`` followed by the same ``m``
+vectors again; at every position the model predicts the next vector. In the repeated half
+the next vector has been seen before: it is the one that followed the previous occurrence
+of the current vector, so a model that looks back for the current vector and copies its
+successor (an induction head) predicts it exactly. A
 2-layer attention-only model learns this with two heads connected by K-composition: a
 previous-position head in layer 0 writes ``r_{i-1}`` into the residual stream at the
 position of ``r_i``, and an induction head in layer 1 whose query is the current vector

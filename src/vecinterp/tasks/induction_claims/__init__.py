@@ -1,8 +1,9 @@
 """The induction-head story measured on a trained 2-layer model: seven claims, each with
 the numbers behind it and a verdict by explicit thresholds.
 
-The framework paper (Elhage et al. 2021; notes in
-``papers/mathematical_framework_notes_li.md``, §4.3-4.4) says a 2-layer attention-only
+The framework paper (Elhage et al. 2021, "A Mathematical Framework for Transformer
+Circuits", Transformer Circuits Thread, not on arXiv: transformer-circuits.pub/2021/framework;
+its section "Two-Layer Attention-Only Transformers") says a 2-layer attention-only
 model solves :mod:`vecinterp.tasks.induction` with two heads: a previous-position head in
 layer 0 and an induction head in layer 1 whose keys read what the layer-0 head wrote
 (K-composition). :data:`CLAIMS` splits that into seven checkable parts: the loss, the two

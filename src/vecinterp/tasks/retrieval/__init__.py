@@ -1,7 +1,8 @@
 """The retrieval problem: follow chains of pairs to the end, in context.
 
-The minimal formulation of Musat (2024), "Stacked attention heads" (``papers/
-stacked_attention_heads_musat_2024.txt``, §6 data, §7 the two formulations, §7.1 training).
+The minimal formulation of Mușat (2024), "Mechanism and Emergence of Stacked Attention Heads
+in Multi-Layer Transformers", arXiv:2411.12118 (§6 data, §7 the two formulations, §7.1
+training).
 A sequence holds ``N`` chains ``x_0 -> x_1 -> ... -> x_D``, each written as its ``D`` pairs
 ``(x_i, x_{i+1})``, and then one query ``x_0`` per chain; at each query the model must
 output the chain that starts there. No symbol has a fixed meaning: every symbol is a fresh

@@ -1,8 +1,9 @@
-"""The claims of Musat (2024), "Stacked attention heads", measured on small models trained
+"""The claims of Mușat (2024), "Mechanism and Emergence of Stacked Attention Heads in
+Multi-Layer Transformers" (arXiv:2411.12118), measured on small models trained
 on the retrieval problem (:mod:`vecinterp.tasks.retrieval`), each judged by explicit
 thresholds.
 
-The paper (``papers/stacked_attention_heads_musat_2024.txt``) finds:
+The paper finds:
 
 1. with the implicit curriculum (IC: the target is ``x_1 .. x_D``) the model learns;
 2. without it (non-IC: the target is ``x_D`` only) it does not (loss above 0.7);
