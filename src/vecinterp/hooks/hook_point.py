@@ -96,8 +96,14 @@ class HookPoint(nn.Module):
     threads do not see each other's scoped hooks. ``copy.deepcopy`` (and pickling) keeps
     the hooks every thread sees and drops the scoped ones.
 
+    Subclasses: a subclass that overrides ``forward`` runs the point's hooks (and a
+    ``run_with_cache`` recording) by calling ``super().forward(x)``. A component never
+    skips a subclass, or another module put in a hook point's place, as it may skip an
+    idle stock point (see :func:`idle`).
+
     Attributes:
-        name: the module path, e.g. ``"blocks.0.attn.hook_pattern"`` (set by the model).
+        name: the module path, e.g. ``"blocks.0.attn.hook_pattern"`` (set by the model
+            that holds it, at its first lookup by name after its module tree changed).
 
     Example:
         >>> import torch, vecinterp as vi
