@@ -177,24 +177,24 @@ def _judge_3(v: dict[str, Any]) -> Claim:
         )
     )
     k2, k2_all = _count(v["pos2"], thr), _count(v["pos2_lengths"], thr)
+    tops = v["top_earlier"]
+    top1, top2 = tops.count(1), tops.count(2)
     readings.append(
         Reading(
             "a2",
-            f"a_2 ('the second vector' counted from zero), share > {thr}",
-            f"{k2}/{n} heads ({_scores(v['pos2'])}); every length {k2_all}/{n}",
-            k2 / n,
+            "a_2 ('the second vector' counted from zero): heads whose rows attend to it most "
+            "often among earlier positions",
+            f"{top2}/{n} heads (share > {thr}: {k2}/{n}, every length {k2_all}/{n})",
+            top2 / n,
             key=True,
         )
     )
-    tops = v["top_earlier"]
-    mode = max(sorted(set(tops)), key=tops.count)
     readings.append(
         Reading(
             "most_attended",
-            "the earlier position each head attends to most",
-            f"positions {', '.join(map(str, tops))}: position {mode} in "
-            f"{tops.count(mode)}/{n} heads",
-            tops.count(mode) / n,
+            "the earlier position each head's rows attend to most often",
+            f"positions {', '.join(map(str, tops))}: a_1 in {top1}/{n} heads",
+            top1 / n,
         )
     )
     best = max(max(xs) for _, _, xs in alts)
@@ -206,10 +206,11 @@ def _judge_3(v: dict[str, Any]) -> Claim:
         if max(_count(xs, thr) for _, _, xs in alts) <= n / 2
         else ""
     )
-    if max(k2, k2_all) > n / 2:
+    if top1 > n / 2 or top2 > n / 2:
+        which, count = ("a_1", top1) if top1 > n / 2 else ("a_2 (counting from zero)", top2)
         note += (
-            f" Read as a_2 (counting from zero, as the paper counts layers), {k2}/{n} heads "
-            f"({k2_all}/{n} over every length) put most of their attention there: a majority."
+            f" Read as the earlier position each head attends to most, {which} wins in "
+            f"{count}/{n} heads: a majority, without most of the attention on it."
         )
     if on0:
         note += f" Heads {', '.join(map(str, on0))} attend to position 0 more than {part}."
