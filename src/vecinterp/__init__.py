@@ -40,6 +40,7 @@ from .model.processing import (
 )
 from .training import (
     EnsembleResult,
+    SlowTrainingWarning,
     TrainHistory,
     TrainingDivergedError,
     TrainResult,
@@ -57,6 +58,7 @@ __all__ = [
     *_analysis_all,
     "ActivationCache",
     "EnsembleResult",
+    "SlowTrainingWarning",
     "TrainHistory",
     "TrainResult",
     "TrainingDivergedError",

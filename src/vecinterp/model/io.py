@@ -17,6 +17,9 @@ see ``benchmarks/kill_saves.py``):
 
 Where ``renameat2`` is missing (other systems, some network file systems) the swap is two
 renames; a save killed between them is rolled back to the old save by the next load or save.
+A load that keeps meeting saves swapping the directory, or meets it between two renames,
+reads under the parent's lock, which saves hold throughout. Loading reads regular files only
+(a FIFO, a device, a directory in a file's place: ``ValueError`` naming it, nothing read).
 
 This module holds what is about models (the config record, the weights, checking them
 against the config); the file-system steps are in :mod:`vecinterp.model.atomic` and the
@@ -48,6 +51,7 @@ from .atomic import _renameat2 as _renameat2
 from .atomic import atomic_write as atomic_write
 from .atomic import directory_lock as directory_lock
 from .atomic import fsync_dir as fsync_dir
+from .atomic import read_regular as read_regular
 from .config import VectorTransformerConfig
 from .tensor_files import _INT_OF_SIZE as _INT_OF_SIZE
 from .tensor_files import _SHOWN as _SHOWN
@@ -262,11 +266,13 @@ def read_config(path: str | os.PathLike[str]) -> tuple[VectorTransformerConfig, 
     """The config and metadata saved in the directory ``path``."""
     _finish_interrupted(Path(path))
     file = Path(path) / CONFIG_FILE
-    if not file.is_file():
+    try:
+        data = read_regular(file)
+    except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(
             f"no {CONFIG_FILE} in {Path(path)} (was it written by vecinterp.save?)"
-        )
-    return _parse_config(file.read_bytes(), file)
+        ) from None
+    return _parse_config(data, file)
 
 
 class _Moved(Exception):
@@ -282,16 +288,19 @@ def _read_once(directory: Path) -> tuple[bytes, bytes]:
     }
     if os.open not in os.supports_dir_fd:  # pragma: no cover - not on Linux
         try:
-            return (directory / CONFIG_FILE).read_bytes(), (directory / WEIGHTS_FILE).read_bytes()
+            return read_regular(directory / CONFIG_FILE), read_regular(directory / WEIGHTS_FILE)
         except FileNotFoundError as err:
             raise FileNotFoundError(missing[Path(str(err.filename)).name]) from None
-    dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise _Moved from None  # gone since it was seen: swapped out, or never a directory
     try:
         out = []
         for name in (CONFIG_FILE, WEIGHTS_FILE):
-            try:
-                fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
-            except (FileNotFoundError, IsADirectoryError):
+            try:  # a FIFO or a device there is refused before it is read (ValueError)
+                out.append(read_regular(name, dir_fd=dfd, shown=directory / name))
+            except FileNotFoundError:
                 try:
                     now = os.stat(directory)
                 except OSError:
@@ -300,8 +309,6 @@ def _read_once(directory: Path) -> tuple[bytes, bytes]:
                 if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
                     raise _Moved from None
                 raise FileNotFoundError(missing[name]) from None
-            with os.fdopen(fd, "rb") as handle:
-                out.append(handle.read())
         return out[0], out[1]
     finally:
         os.close(dfd)
@@ -318,19 +325,39 @@ def _finish_interrupted(directory: Path) -> bool:
     return directory.is_dir()
 
 
+_UNLOCKED_TRIES = 3
+
+
 def _read_save(directory: Path) -> tuple[bytes, bytes]:
-    for _ in range(10):
+    """The config's and the weights' bytes of one save at ``directory``.
+
+    A few plain tries first (a save swapping a new directory in meanwhile makes a try read
+    again). If saves keep swapping it, or it is missing while a save is half-way through its
+    two renames (no ``renameat2``), the read waits for the parent's lock, which every save
+    holds from its start to its end: under it no save runs, one killed between its renames
+    is rolled back, and the read cannot be interrupted again."""
+    for _ in range(_UNLOCKED_TRIES):
         if not directory.is_dir():
-            break
+            if not _leftovers(directory)[1] and not directory.is_dir():
+                raise FileNotFoundError(f"no saved model at {directory} (expected a directory)")
+            break  # between the two renames of a save, or one killed there
         try:
             return _read_once(directory)
         except _Moved:
             continue
-    if not directory.is_dir():
-        if _finish_interrupted(directory):
-            return _read_save(directory)
-        raise FileNotFoundError(f"no saved model at {directory} (expected a directory)")
-    raise OSError(f"{directory} kept changing while it was read (saves running in a loop?)")
+    with directory_lock(directory.parent):
+        _recover(directory, clean=False)
+        for _ in range(10):  # locked, a try fails only through a writer that takes no lock
+            if not directory.is_dir():
+                raise FileNotFoundError(f"no saved model at {directory} (expected a directory)")
+            try:
+                return _read_once(directory)
+            except _Moved:
+                continue
+    raise OSError(
+        f"{directory} kept changing while it was read (saves running in a loop, on a file "
+        "system without flock?)"
+    )
 
 
 def load(
@@ -341,7 +368,8 @@ def load(
     The dtype is the saved one. The config and the weights are read from the same save even
     while another process saves over ``path``. The weights' SHA-256 checksum is verified
     (files written before checksums existed load without one). Raises ``FileNotFoundError``
-    for a missing file and ``ValueError`` for a corrupted file (naming it), non-finite
+    for a missing file and ``ValueError`` for a corrupted file (naming it), one that is not
+    a regular file (a FIFO, a device, a directory: refused before it is read), non-finite
     weights, or weights that do not match the config (the first few missing, unexpected and
     mis-shaped tensors, and how many).
 

@@ -18,6 +18,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 
+from .atomic import read_regular
+
 CHECKSUM_KEY = "vecinterp.sha256"
 """The safetensors header (``__metadata__``) key that holds :func:`tensor_checksum`."""
 _SHOWN = 3  # how many offending tensors an error lists before giving a count
@@ -73,14 +75,15 @@ def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
     """The tensors and header metadata of a safetensors file, checksum verified.
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
-    one that is truncated, not safetensors, or corrupted (checksum mismatch)."""
+    one that is truncated, not safetensors, corrupted (checksum mismatch) or not a regular
+    file (a directory, a FIFO, a device: refused before it is read)."""
     file = Path(path)
     try:
-        data = file.read_bytes()
+        data = read_regular(file)
     except FileNotFoundError:
         raise FileNotFoundError(f"{file} is missing") from None
-    except IsADirectoryError:
-        raise ValueError(f"{file} is a directory, expected a safetensors file") from None
+    except ValueError as err:
+        raise ValueError(f"{err}, expected a safetensors file") from None
     return _parse_safetensors(data, file)
 
 

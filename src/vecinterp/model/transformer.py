@@ -237,7 +237,8 @@ class HookedVectorTransformer(HookedModule):
 
         Args:
             x: input vectors ``[batch, pos, d_in]``.
-            targets: ``[batch, pos, d_out]``, needed for ``return_type`` ``"loss"``/``"both"``.
+            targets: ``[batch, pos, d_out]``, needed for ``return_type`` ``"loss"``/``"both"``
+                (refused with ``"output"``, which would ignore them).
             loss_mask: boolean ``[batch, pos]`` or ``[pos]`` for the loss (default: all).
             return_type: ``"output"`` (``[batch, pos, d_out]``), ``"loss"`` (masked MSE)
                 or ``"both"`` (``(output, loss)``). TransformerLens's ``"logits"`` is
@@ -281,6 +282,12 @@ class HookedVectorTransformer(HookedModule):
             )
             raise ValueError(
                 f"return_type must be one of {RETURN_TYPES}, got {return_type!r}{reason}"
+            )
+        if targets is not None and return_type == "output":
+            raise ValueError(
+                "targets were given with return_type='output', which returns the output alone "
+                "and would ignore them: pass return_type='loss' (the masked MSE against "
+                "targets) or 'both' (output and loss), or leave targets out"
             )
         n = self.cfg.n_layers
         blocks = self.blocks

@@ -9,11 +9,14 @@
   ``vecinterp.load(path / "model")``).
 - :func:`default_device` — ``cuda`` if present, else ``cpu``.
 - :class:`TrainingDivergedError` — a NaN/inf loss, with the step.
+- :class:`SlowTrainingWarning` — training steps became far slower than the first ones
+  (busy CPU cores: pass ``threads=1``).
 - :class:`RankFailedError` — raised on the other ranks when one rank of a data-parallel run
   (or of an ensemble split across ranks) fails; :func:`one_process` trains on this process
   alone even under ``torchrun``.
 """
 
+from ._speed import SlowTrainingWarning
 from .checkpoint import latest_checkpoint
 from .data import evaluate
 from .distributed import RankFailedError, one_process
@@ -26,6 +29,7 @@ from .setup import default_device
 __all__ = [
     "EnsembleResult",
     "RankFailedError",
+    "SlowTrainingWarning",
     "TrainHistory",
     "TrainResult",
     "TrainingDivergedError",

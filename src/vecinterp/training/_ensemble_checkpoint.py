@@ -7,6 +7,11 @@ Layout of ``checkpoint_dir``::
     member_001/step_00000500/   ...
     ensemble.json               {"format", "members": K, "step": 500}
 
+While the ensemble runs, it holds the training lock of ``checkpoint_dir``, and
+``vi.train`` in one of its ``member_*`` directories is refused (it checks that lock after
+taking its own; the ensemble checks the members' after taking its own:
+:func:`check_members_free`).
+
 Each member's checkpoint is written, checksummed and read by
 :mod:`vecinterp.training.checkpoint`, exactly as :func:`vecinterp.train` writes its own
 (plus an ``"ensemble"`` entry in ``trainer.json``: the member's index and, once it has
@@ -34,6 +39,7 @@ from ..model.transformer import HookedVectorTransformer
 from .checkpoint import (
     TRAINER_FILE,
     list_checkpoints,
+    lock_holder,
     prune,
     remove_partial,
     step_dir_name,
@@ -221,6 +227,21 @@ def prune_members(checkpoint_dir: Path, members: range, keep_last: int | None) -
         prune(member_dir(checkpoint_dir, i), keep_last)
 
 
+def check_members_free(checkpoint_dir: Path, members: int) -> None:
+    """Refuse (``ValueError`` naming the member's directory and the run there) if a live
+    run holds the training lock of a member's directory. The caller holds
+    ``checkpoint_dir``'s lock already, which ``vi.train`` in a member's directory checks
+    after taking its own (:func:`~.checkpoint.lock_holder`): the two never run together."""
+    for i in range(members):
+        holder = lock_holder(member_dir(checkpoint_dir, i))
+        if holder is not None:
+            raise ValueError(
+                f"{member_dir(checkpoint_dir, i)} is in use by another training run "
+                f"({holder}): the ensemble would overwrite its checkpoints; wait for that run "
+                "to end, or pass another checkpoint_dir"
+            )
+
+
 def remove_partial_members(checkpoint_dir: Path) -> None:
     """Delete the hidden leftovers of interrupted writes in every member's directory (only
     for the run that owns ``checkpoint_dir``)."""
@@ -258,7 +279,7 @@ def restore(
             )
         optimizer = state.optimizers[i]
         average = averages[i] if averages is not None else None
-        _, histories[i], elapsed = _restore(
+        _, histories[i], elapsed, record = _restore(
             path, configs[i], net, optimizer, sources[i], device, average
         )
         per_param = [optimizer.state.get(p, {}) for p in optimizer.param_groups[0]["params"]]
@@ -268,7 +289,7 @@ def restore(
                 state.exp_avg_sqs[j][i].copy_(saved.get("exp_avg_sq", 0.0))
         state.updates[i] = int(per_param[0]["step"]) if per_param[0] else 0
         optimizer.state = collections.defaultdict(dict)
-        entry = json.loads((path / TRAINER_FILE).read_text()).get("ensemble") or {}
+        entry = record.get("ensemble") or {}
         if entry.get("diverged"):
             d = entry["diverged"]
             err = TrainingDivergedError(d["step"], d["quantity"], float(d["value"]), None)

@@ -7,20 +7,23 @@ Layout of ``checkpoint_dir/step_00000500/`` (the state after 500 updates)::
     optimizer.safetensors   per-parameter optimizer tensors, "state.{i}.{name}"
     rng.safetensors         torch's global CPU RNG, the data generator, CUDA's RNG if used
     history.safetensors     the loss history (float64 / int64 vectors)
-    trainer.json            step, training config, optimizer param_groups, data fingerprint
+    trainer.json            step, training config, optimizer param_groups, data fingerprint,
+                            and the SHA-256 of all that (see :mod:`._record`)
 
-Nothing is pickled. Every safetensors file carries a SHA-256 of its tensors, verified on
-resume. A checkpoint is written into a hidden temporary directory beside its final name
-and renamed into place only when complete, so a crash mid-write leaves the previous
-checkpoints as they were (and a hidden leftover, removed by the next run).
+Nothing is pickled. Every safetensors file carries a SHA-256 of its tensors, and
+trainer.json one of its contents, verified on resume; the optimizer settings are checked
+against the run's own before they are loaded. A checkpoint is written into a hidden
+temporary directory beside its final name and renamed into place only when complete, so a
+crash mid-write leaves the previous checkpoints as they were (and a hidden leftover,
+removed by the next run).
 
 A training run owns its ``checkpoint_dir``: it holds an OS lock (``flock``) on the file
 ``.vecinterp-train.lock`` there from start to end (the kernel releases it when the process
-dies, however it dies), and a second run on the same directory is refused.
+dies, however it dies), and a second run on the same directory is refused, as is a run in
+a ``member_*`` directory of a running ensemble (:func:`lock_holder`).
 """
 
 import json
-import math
 import os
 import re
 import shutil
@@ -41,6 +44,11 @@ from ..model.io import fsync_dir as _fsync_dir
 from ..model.io import load as load_model
 from ..model.io import save_new as save_model
 from ..model.transformer import HookedVectorTransformer
+from ._record import FORMAT as FORMAT
+from ._record import FORMAT_VERSION as FORMAT_VERSION
+from ._record import TRAINER_FILE as TRAINER_FILE
+from ._record import read_record, sealed
+from ._record import restore_optimizer as restore_optimizer
 from .result import _PER_EVAL, _PER_STEP
 
 try:
@@ -48,11 +56,9 @@ try:
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
-FORMAT = "vecinterp-checkpoint"
-FORMAT_VERSION = 1
-TRAINER_FILE = "trainer.json"
 LOCK_FILE = ".vecinterp-train.lock"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_MEMBER_DIR = re.compile(r"^member_\d+$")  # an ensemble member's (_ensemble_checkpoint)
 _TMP_PREFIX = ".step_"
 
 
@@ -75,7 +81,9 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
     found = []
     for child in directory.iterdir():
         match = _STEP_DIR.match(child.name)
-        if match and (child / TRAINER_FILE).is_file():
+        # lexists, not is_file: a trainer.json that is not a regular file (a FIFO, a link to
+        # a device) is refused by the resume, naming it, rather than its step skipped
+        if match and os.path.lexists(child / TRAINER_FILE):
             found.append((int(match.group(1)), child))
     return [path for _, path in sorted(found)]
 
@@ -193,7 +201,44 @@ def own_directory(checkpoint_dir: Path) -> DirectoryOwner:
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(details) + "\n").encode(), 0)
-    return DirectoryOwner(checkpoint_dir, fd)
+    owner = DirectoryOwner(checkpoint_dir, fd)
+    if _MEMBER_DIR.match(checkpoint_dir.name):  # after taking our lock: see lock_holder
+        ensemble = lock_holder(checkpoint_dir.parent)
+        if ensemble is not None:
+            owner.release()
+            raise ValueError(
+                f"checkpoint_dir {checkpoint_dir} is a member's directory of the ensemble "
+                f"training in {checkpoint_dir.parent} ({ensemble}); a run here would remove the "
+                "checkpoint the ensemble is writing and prune the step it resumes from: wait "
+                "for the ensemble to end"
+            )
+    return owner
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds the training lock of ``directory`` (pid, host, start time), if a live run
+    does; ``None`` otherwise. Takes no lock itself (a shared try-lock, dropped at once).
+
+    An ensemble holds its ``checkpoint_dir``'s lock, and a run in one of its ``member_*``
+    directories checks it after taking its own; the ensemble checks its members' after
+    taking its own (:func:`~._ensemble_checkpoint.check_members_free`). Whichever of the
+    two comes second sees the other, so they never run together, and an ensemble of
+    thousands of members holds one lock, not thousands of open files."""
+    if fcntl is None:  # pragma: no cover - no flock on this platform
+        return None
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _describe_holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # and with it the shared lock, if it was taken
+    return None
 
 
 def _describe_holder(fd: int) -> str:
@@ -256,7 +301,7 @@ def write_checkpoint(
         ):  # fmt: skip
             header = {"format": FORMAT, CHECKSUM_KEY: tensor_checksum(tensors)}
             save_file(tensors, str(tmp / f"{name}.safetensors"), metadata=header)
-        (tmp / TRAINER_FILE).write_text(json.dumps(trainer, indent=2, sort_keys=True))
+        (tmp / TRAINER_FILE).write_text(json.dumps(sealed(trainer), indent=2, sort_keys=True))
 
     return _write_dir_atomically(checkpoint_dir / step_dir_name(step), write)
 
@@ -266,21 +311,11 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     (the weight average, or ``None``), ``optimizer`` (a state dict for
     ``load_state_dict``), ``rng`` and ``history`` tensors.
 
-    Every checksum is verified; a corrupted or truncated file, or a record with a missing
-    or mistyped field, raises ``ValueError`` naming the file (and the field)."""
+    Every checksum is verified (trainer.json's too, see :mod:`._record`); a corrupted,
+    truncated or non-regular file, or a record with a missing or mistyped field, raises
+    ``ValueError`` naming the file (and the field)."""
+    record = read_record(path)
     file = path / TRAINER_FILE
-    try:
-        record = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file} is not a readable checkpoint record: {err}") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a vecinterp training checkpoint")
-    _check_record(record, file)
-    if record["format_version"] > FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has checkpoint format_version {record['format_version']}; this vecinterp "
-            f"reads up to {FORMAT_VERSION}: upgrade vecinterp"
-        )
     match = _STEP_DIR.match(path.name)
     if match and int(match.group(1)) != record["step"]:
         raise ValueError(
@@ -312,63 +347,6 @@ def _require(tensors: dict[str, torch.Tensor], names: list[str], file: Path) -> 
     missing = [name for name in names if name not in tensors]
     if missing:
         raise ValueError(f"{file} lacks the tensor(s) {missing} a checkpoint holds")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "format_version": ("an int >= 1", lambda v: _is_int(v) and v >= 1),
-    "step": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
-    "config": ("an object (the run's config)", lambda v: isinstance(v, dict)),
-    "data_fingerprint": ("a string (a SHA-256)", lambda v: isinstance(v, str)),
-    "elapsed": (
-        "a finite number >= 0 (seconds)",
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf,
-    ),
-    "optimizer": (
-        "an object with a list 'param_groups' of objects",
-        lambda v: (
-            isinstance(v, dict)
-            and isinstance(v.get("param_groups"), list)
-            and all(
-                isinstance(g, dict) and isinstance(g.get("params"), list) for g in v["param_groups"]
-            )
-        ),
-    ),
-}
-
-
-def _check_record(record: dict[str, Any], file: Path) -> None:
-    """Raise ``ValueError`` naming ``file`` and the field for a missing or mistyped field."""
-    for field, (expected, valid) in _FIELDS.items():
-        if field not in record:
-            raise ValueError(f"{file}: the field {field!r} is missing (expected {expected})")
-        if not valid(record[field]):
-            raise ValueError(f"{file}: field {field!r} must be {expected}, got {record[field]!r}")
-
-
-def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path) -> None:
-    """``optimizer.load_state_dict(state)``, refusing (``ValueError`` naming the file) a
-    state whose parameter count or tensor shapes do not fit ``optimizer``'s parameters."""
-    file = path / "optimizer.safetensors"
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for index, per_param in state["state"].items():
-        if not 0 <= index < len(params):
-            raise ValueError(
-                f"{file} holds state for parameter {index}; the model has {len(params)}"
-            )
-        for name, value in per_param.items():
-            if value.dim() > 0 and value.shape != params[index].shape:
-                raise ValueError(
-                    f"{file}: state.{index}.{name} has shape {tuple(value.shape)}, but parameter "
-                    f"{index} has shape {tuple(params[index].shape)}"
-                )
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, RuntimeError) as err:
-        raise ValueError(f"{file} does not fit this run's optimizer: {err}") from None
 
 
 def _write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:

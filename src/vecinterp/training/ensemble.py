@@ -25,6 +25,8 @@ from . import _ensemble_checkpoint as ck
 from ._ensemble_distributed import Crew
 from ._ensemble_setup import check_forward, check_models, member_data, per_member
 from ._pending import MemberSteps, all_diverged, member_error
+from ._speed import StepPace, warn_slow
+from ._speed import threads as use_threads
 from ._stacked import adamw_step, alias, losses_and_grads, stack_batches, stack_weights
 from .checkpoint import own_directory, remove_partial
 from .data import to_model
@@ -32,7 +34,7 @@ from .distributed import join_ranks
 from .loop import Data, _adamw, _update_average
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import check_int, check_schedule, lr_at
-from .setup import check_args, check_ema, make_eval, make_source
+from .setup import check_args, check_ema, check_threads, check_trainable, make_eval, make_source
 
 ON_DIVERGENCE = ("freeze", "raise")
 
@@ -124,6 +126,7 @@ def train_ensemble(
     callback: Callable[[int, list[dict[str, float]]], Any] | None = None,
     on_divergence: str = "freeze",
     sync_every: int = 50,
+    threads: int | None = None,
 ) -> EnsembleResult:
     """Train K models of one config at once, as one batched computation: K times
     :func:`vecinterp.train`.
@@ -138,7 +141,9 @@ def train_ensemble(
     kernel (one per distinct learning rate); each member's result equals ``vi.train``'s
     up to rounding (the batched products sum in another order; the tests hold the weights
     to 1e-10 in float64 after 20 steps). The batched forward pass has no hook
-    points: hooks attached to ``models`` do not run (the returned models have their own).
+    points: models with hooks attached are refused, as ``vi.train`` refuses them, rather
+    than trained without the intervention the hooks make (the returned models have hook
+    points of their own); so are models with NaN/inf weights, naming the member.
 
     Speed: the point is an accelerator, which one small model leaves mostly idle and on
     which K members are as many kernel launches as one (not yet measured). On a CPU, busy
@@ -193,7 +198,9 @@ def train_ensemble(
       not modified.
     - ``data``: one ``make_batch(step, generator)``, which every member calls with its own
       generator (seeded with its ``seed``); or a list of K data, one per member (each a
-      ``make_batch`` or an iterable of batches). One iterable cannot feed several members.
+      ``make_batch`` or an iterable of batches). One iterable cannot feed several members:
+      one iterable for all, or the same iterable object twice in the list
+      (``[stream] * K``), is refused.
       At each step the members' batches are stacked, the smaller ones padded with
       unscored zeros (exact for a causal model; a non-causal one needs equal lengths).
     - ``lr``: one peak learning rate, or a sequence of K (``min_lr`` must not exceed any).
@@ -220,7 +227,9 @@ def train_ensemble(
     resumable alone by ``vi.train``; ``checkpoint_dir/ensemble.json`` names the newest
     step that every member has written, the one ``resume=True`` continues from, ending
     bit-identical to an uninterrupted run on the same device. The ensemble holds
-    ``checkpoint_dir``'s lock from start to end, as ``vi.train`` does.
+    ``checkpoint_dir``'s lock from start to end, as ``vi.train`` does; ``vi.train`` in
+    ``checkpoint_dir/member_003`` is refused while the ensemble runs, and the ensemble
+    while a run holds a member's directory.
 
     Returns:
         An :class:`EnsembleResult`: K :class:`~vecinterp.TrainResult` (ordinary models).
@@ -251,6 +260,9 @@ def train_ensemble(
         True
     """
     members = check_models(models)
+    for i, member in enumerate(members):
+        check_trainable(member, f"models[{i}]")
+    check_threads(threads)
     k = len(members)
     lrs, seeds = per_member("lr", lr, k), per_member("seed", seed, k)
     for lr_i, seed_i in zip(lrs, seeds, strict=True):
@@ -278,7 +290,7 @@ def train_ensemble(
         for i in range(k)
     ]  # fmt: skip
     # one process unless under torchrun: then each rank trains its share (_ensemble_distributed)
-    with join_ranks(device) as ranks:
+    with use_threads(threads), join_ranks(device) as ranks:
         crew = Crew(ranks, k)
         ranks.agree(_agreed(configs, on_divergence=on_divergence, eval=run_eval is not None,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
@@ -327,6 +339,8 @@ def train_ensemble(
                 with ranks.hold():  # an error here stops every rank at the sync below
                     if ranks.is_main:
                         owner = own_directory(ckdir)
+                        # vi.train in a member's directory would delete its staged steps
+                        ck.check_members_free(ckdir, k)
                         if owner.held:  # hidden leftovers of killed runs: no live run owns them
                             remove_partial(ckdir)
                             ck.remove_partial_members(ckdir)
@@ -415,6 +429,7 @@ def train_ensemble(
         pending = MemberSteps(first, on_divergence, stop=not crew.split)
         frozen = ck.frozen_index([j for j in range(n) if diverged[j] is not None], dev)
         snapshot: list[torch.Tensor] | None = None  # held before the window's first update
+        pace = StepPace(warn=warn_slow if ranks.is_main else None, device=dev, offset=start)
         t0 = time.perf_counter() - elapsed
         try:
             if start == 0 and run_eval is not None:
@@ -422,6 +437,7 @@ def train_ensemble(
                     evaluate_at(0, [{} for _ in own])
                 ranks.sync("the evaluation before training")
             for step in range(start, steps):
+                pace.begin()
                 done = step + 1
                 metrics: list[dict[str, float]] = [{} for _ in own]
                 windows: list[float | None] = [None] * n  # running mean losses, live members
@@ -475,6 +491,7 @@ def train_ensemble(
                         ck.put_back(held, frozen, kept)
                     wall = time.perf_counter() - t0
                     pending.finished(wall)
+                    pace.end(read)  # evaluations and checkpoints below are not timed
                     if read:
                         metrics = pending.commit(histories, state.updates)
                         if evaluating:

@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 
 from ..model.transformer import HookedVectorTransformer
 from ._pending import PendingSteps
+from ._speed import StepPace, warn_slow
+from ._speed import threads as use_threads
 from .checkpoint import (
     latest_checkpoint,
     own_directory,
@@ -30,7 +32,7 @@ from .data import MakeBatchSource, StreamSource, Tensors, fingerprint, step_loss
 from .distributed import Ranks, join_ranks, rank_rng
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import check_int, check_schedule, lr_at
-from .setup import check_args, check_ema, make_eval, make_source
+from .setup import check_args, check_ema, check_threads, check_trainable, make_eval, make_source
 
 Data = Iterable[Any] | Callable[[int, torch.Generator], Any]
 """Training data: an iterable of batches, or ``make_batch(step, generator) -> batch``."""
@@ -63,6 +65,7 @@ def train(
     log_every: int = 50,
     callback: Callable[[int, dict[str, float]], Any] | None = None,
     sync_every: int = 50,
+    threads: int | None = None,
 ) -> TrainResult:
     r"""Train ``model`` on ``data`` with the masked MSE and AdamW; checkpoint and resume.
 
@@ -71,7 +74,10 @@ def train(
     gradient to total norm ``grad_clip`` (if given) and takes an AdamW step with learning
     rate :func:`~vecinterp.training.schedule.lr_at` ``(s)`` (linear warm-up, then constant
     or a cosine or linear decay). Training runs on a copy: ``model`` itself is left
-    unchanged.
+    unchanged. The copy is rebuilt from ``model``'s config and weights, so it would carry
+    none of ``model``'s hooks: a model with hooks attached (vecinterp hooks, permanent or
+    not, and this thread's ``hooks()`` contexts; PyTorch module hooks) is refused rather
+    than trained without the intervention they make, and so is one with NaN/inf weights.
 
     With ``ema_decay`` :math:`\beta`, the returned model is an exponential moving average of
     the weights: :math:`\bar\theta_t = \theta_t` for :math:`t \le` ``ema_start`` updates,
@@ -100,10 +106,12 @@ def train(
     model (:func:`vecinterp.save`), AdamW's state, the RNG states (torch's global CPU
     generator, the data generator, CUDA's if used), the history and the config, as
     safetensors + JSON (no pickle), written into a temporary directory and renamed into
-    place; every safetensors file carries a SHA-256 of its tensors, verified on resume. One
-    is written every ``checkpoint_every`` updates and after the last; the newest
-    ``keep_last`` are kept. The run owns ``checkpoint_dir`` from start to end by an OS lock
-    (``flock`` on ``.vecinterp-train.lock`` there; released however the run ends, even by
+    place; every safetensors file carries a SHA-256 of its tensors and ``trainer.json`` one
+    of its contents, verified on resume (a resume also refuses optimizer settings in
+    ``trainer.json`` that differ from the run's own). One is written every
+    ``checkpoint_every`` updates and after the last; the newest ``keep_last`` are kept.
+    The run owns ``checkpoint_dir`` from start to end by an OS lock (``flock`` on
+    ``.vecinterp-train.lock`` there; released however the run ends, even by
     ``kill -9``): a second run on the same directory is refused before it touches a file.
     ``resume=True`` continues from the newest (or starts afresh if there is none) and ends
     bit-identical to an uninterrupted run on the same device. A NaN/inf loss or gradient
@@ -124,6 +132,12 @@ def train(
     whose updates are dropped with the run. The history, the weights and the checkpoints
     do not depend on ``sync_every``; ``wall_time`` is the host's clock when a step was
     queued (on a GPU, exact at each read). On a CPU a read costs nothing but itself.
+
+    Threads: on a CPU whose cores other processes keep busy, torch's default of one thread
+    per core can make every step many times slower (a small model trained ~15x slower than
+    with one thread, on 2 cores with one busy): pass ``threads=1`` (or the number of idle
+    cores). When the steps become more than 10x slower than the first steps, for 50 steps
+    or more and 10 s or more, a :class:`~vecinterp.SlowTrainingWarning` says so (once).
 
     Data-parallel: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
     initialised) every rank runs this same call. Each draws the global batch and trains on
@@ -174,6 +188,9 @@ def train(
             each step before the next starts. The batches of the steps not yet read are
             kept until then (to name a bad one's first NaN). Under ``torchrun`` every step
             is read (the ranks agree on each step's loss).
+        threads: the number of CPU threads torch uses for the run
+            (``torch.set_num_threads``, the previous count restored when the run ends);
+            ``None``: torch's current setting (by default one per core). See "Threads".
 
     Returns:
         A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
@@ -181,9 +198,11 @@ def train(
         :class:`~vecinterp.training.result.TrainHistory` and the optimizer.
 
     Raises:
-        ValueError, TypeError: for bad arguments, a checkpoint of another config or a
-            corrupted one (naming the file), data that run out, or a ``checkpoint_dir``
-            that another run holds (naming its pid, host and start time).
+        ValueError, TypeError: for bad arguments, a model with hooks attached or NaN/inf
+            weights, a checkpoint of another config or a corrupted one (naming the file;
+            ``trainer.json`` is checksummed too, and its optimizer settings must equal the
+            run's), data that run out, or a ``checkpoint_dir`` that another run holds
+            (naming its pid, host and start time).
         FileExistsError: checkpoints exist and ``resume=False``.
         TrainingDivergedError: a ``FloatingPointError`` for a non-finite loss or gradient
             norm.
@@ -206,9 +225,12 @@ def train(
     check_schedule(lr=lr, steps=steps, warmup_steps=warmup_steps, schedule=schedule, min_lr=min_lr)
     check_ema(ema_decay, ema_start, steps)
     check_int("sync_every", sync_every, minimum=1)
+    check_threads(threads)
+    check_trainable(model)
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
-    with join_ranks(device) as ranks:  # one process unless under torchrun (see distributed)
+    # one process unless under torchrun (see distributed)
+    with use_threads(threads), join_ranks(device) as ranks:
         dev = ranks.device
         dtype = next(model.parameters()).dtype
         config = {
@@ -254,7 +276,7 @@ def train(
                 checkpoint = ranks.share(checkpoint)  # every rank resumes from rank 0's pick
                 if checkpoint is not None:
                     with ranks.hold():
-                        start, history, elapsed = _restore(
+                        start, history, elapsed, _ = _restore(
                             checkpoint, config, net, optimizer, source, dev, average, ranks.rank
                         )
                     ranks.sync(f"the resume from {checkpoint}")
@@ -309,6 +331,7 @@ def train(
         # each step's loss, gradient norm and input check stay on the device until read
         # (one transfer) every sync_every steps and wherever the host needs them
         pending = PendingSteps(source.where, dtype, dev)
+        pace = StepPace(warn=warn_slow if ranks.is_main else None, device=dev, offset=start)
         t0 = time.perf_counter() - elapsed
         try:
             if start == 0 and run_eval is not None:
@@ -316,6 +339,7 @@ def train(
                     evaluate_at(0)
                 ranks.sync("the evaluation before training")
             for step in range(start, steps):
+                pace.begin()
                 rate = lr_at(step, lr=lr, steps=steps, warmup_steps=warmup_steps,
                              schedule=schedule, min_lr=min_lr)  # fmt: skip
                 for group in optimizer.param_groups:
@@ -356,6 +380,7 @@ def train(
                 if ema_decay is not None:
                     _update_average(averaged, followed, ema_decay, done > ema_start)
                 pending.finished(time.perf_counter() - t0)
+                pace.end(read)  # evaluations and checkpoints below are not timed
                 if not read:
                     with ranks.hold():
                         bar.update(1)
@@ -429,9 +454,9 @@ def _restore(
     dev: torch.device,
     average: HookedVectorTransformer | None,
     rank: int = 0,
-) -> tuple[int, TrainHistory, float]:
+) -> tuple[int, TrainHistory, float, dict[str, Any]]:
     """Load a checkpoint into ``net``, ``optimizer``, ``source``, the RNGs (``rank``'s)
-    and the weight average."""
+    and the weight average; returns its step, history, elapsed time and (verified) record."""
     saved = read_checkpoint(path)
     record = saved["record"]
     before = record["config"]
@@ -462,7 +487,7 @@ def _restore(
     torch.set_rng_state(rng["torch_cpu"])
     if dev.type == "cuda" and "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"], dev)
-    return step, TrainHistory.from_tensors(saved["history"]), float(record["elapsed"])
+    return step, TrainHistory.from_tensors(saved["history"]), float(record["elapsed"]), record
 
 
 def _adamw(net: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:

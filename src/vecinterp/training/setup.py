@@ -3,12 +3,15 @@
 import inspect
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..hooks import HookPoint
+from ..model.tensor_files import refuse_non_finite
 from ..model.transformer import HookedVectorTransformer
 from ..model.validation import check_device
 from .data import MakeBatchSource, StreamSource, as_batch_list, evaluate_batches, is_batch
@@ -124,12 +127,18 @@ def check_args(
         raise TypeError(f"model must be a HookedVectorTransformer, got {type(model).__name__}")
     check_int("steps", steps, minimum=1)
     check_positive("lr", lr)
-    if not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
+    if (
+        isinstance(weight_decay, bool)
+        or not isinstance(weight_decay, (int, float))
+        or not 0 <= weight_decay < math.inf
+    ):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
     if (
         not isinstance(betas, (tuple, list))
         or len(betas) != 2
-        or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
+        or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+        )
     ):
         raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
     check_positive("eps", eps)
@@ -167,3 +176,51 @@ def check_args(
     check_int("log_every", log_every, minimum=1)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable(step, metrics), got {type(callback).__name__}")
+
+
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def attached_hooks(model: torch.nn.Module) -> list[str]:
+    """Where hooks that this thread's forward passes would call are attached to ``model``:
+    vecinterp hooks (``add_hook``, permanent or not, and this thread's ``hooks()`` contexts)
+    by hook point name, and PyTorch module hooks (``register_forward_hook`` and its kin) by
+    module name. Another thread's scoped hooks are its own business and are not listed."""
+    me = threading.current_thread()
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, HookPoint):
+            handles = list(getattr(module, "_fwd", [])) + list(getattr(module, "_bwd", []))
+            if any(h.owner is None or h.owner is me for h in handles):
+                found.append(module.name or name)
+        if any(getattr(module, attr, None) for attr in _MODULE_HOOKS):
+            found.append(f"{name or 'the model'} (a PyTorch module hook)")
+    return found
+
+
+def check_trainable(model: HookedVectorTransformer, name: str = "model") -> None:
+    """Refuse a model whose training would silently differ from what it computes: one with
+    hooks attached, which the training copy (rebuilt from the config and the weights) would
+    not carry, so that training "with a knocked-out head" would train the intact model; and
+    one with NaN/inf weights, which could only diverge (``ValueError`` naming them)."""
+    hooked = attached_hooks(model)
+    if hooked:
+        shown = ", ".join(hooked[:3]) + (f" and {len(hooked) - 3} more" if len(hooked) > 3 else "")
+        raise ValueError(
+            f"{name} has hooks attached ({shown}): training runs on a copy of the model "
+            "rebuilt from its config and weights, without hooks, so it would train the model "
+            "without the intervention they make. Remove them first (model.reset_hooks("
+            "including_permanent=True), handle.remove(), or leave the hooks() context); to "
+            "train under an intervention, make it part of the weights or write a training "
+            "loop that calls the hooked model"
+        )
+    refuse_non_finite(
+        dict(model.state_dict()),
+        f"{name} cannot be trained: it holds NaN/inf weights (training could only diverge)",
+    )
+
+
+def check_threads(threads: object) -> None:
+    """``ValueError`` unless ``threads`` is ``None`` or an int >= 1."""
+    if threads is not None:
+        check_int("threads", threads, minimum=1)
