@@ -506,7 +506,8 @@ def _judge_9(v: dict[str, Any]) -> Claim:
         [
             Reading(
                 "single_head",
-                "one head at a time",
+                f"one head at a time (the sweep set, {v['sizes']['sweep_batch_size']} sequences "
+                "of each batch, against its own base)",
                 f"{base:.1e} -> {lo:.1e}..{max(v['ablate_heads']):.1e}; {k}/{n} heads <= "
                 f"x{t['ablation_holds']:g}, median x{med:.1f}, head {worst} x{ratios[worst]:.1f}",
                 med,
