@@ -243,7 +243,9 @@ def test_short_targets_attribute_the_first_positions():
     full = direct_attribution(model, cache, next_vector_targets(model, x, final=final))
     short = direct_attribution(model, cache, next_vector_targets(model, x))
     assert short.labels == full.labels
-    assert torch.equal(short.values, full.values[:, :, :-1])
+    # two computations (targets of 3 and of 4 positions) whose BLAS calls may split the sums
+    # differently: float64 rounding of values of order 1 (8.9e-16 seen with AVX-512 MKL)
+    torch.testing.assert_close(short.values, full.values[:, :, :-1], rtol=0, atol=1e-13)
 
 
 # ---------------------------------------------------------------- the result object

@@ -151,11 +151,15 @@ def test_bad_targets_are_named_at_their_step(model, sync_every):
     assert err.checkpoint is None
 
 
-@pytest.mark.parametrize(("lr", "step"), [(1e4, 12), (1e8, 9)])
-def test_a_huge_learning_rate_is_named_at_the_same_step_for_every_sync_every(model, lr, step):
+@pytest.mark.parametrize("lr", [1e4, 1e8])
+def test_a_huge_learning_rate_is_named_at_the_same_step_for_every_sync_every(model, lr):
     errors = [error_of(lambda s=s: run(model, lr=lr, sync_every=s)) for s in SYNCS]
-    # the step a check after each update names (sync_every=1); 9 and 12 lie inside windows
-    assert errors[0].step == step and errors[0].quantity == "gradient norm"
+    # the reference: the step a check after each update names (sync_every=1). Which step
+    # overflows depends on rounding (the instruction set, the BLAS path): for lr 1e4 and
+    # 1e8, 12 and 9 with ATen's AVX2 kernels, 12 and 5 with AVX-512, 19 and 9 with
+    # ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE; so it is read from that run
+    step = errors[0].step
+    assert 0 < step < 20 and errors[0].quantity == "gradient norm"
     assert errors[0].cause is None and math.isinf(errors[0].value)
     for err in errors[1:]:
         assert (err.step, err.quantity, err.value) == (step, "gradient norm", math.inf)
