@@ -142,6 +142,21 @@ def test_a_module_shared_between_two_models_is_refused_by_both_until_copied():
         torch.testing.assert_close(y, want, atol=ATOL, rtol=0)
 
 
+def test_the_model_that_gave_a_shared_module_keeps_its_own_names_until_the_other_looks():
+    cfg = tiny_cfg()
+    a, b, x = random_model(cfg, seed=0), random_model(cfg, seed=1), random_input(cfg)
+    a.blocks[0].attn = b.blocks[1].attn
+    with torch.no_grad():  # b has not seen the sharing yet: its names are its own, right
+        y = b.run_with_hooks(x, fwd_hooks=[("blocks.1.hook_attn_out", _zero)])
+        want = plain_without_attention(b, 1)(x)
+    torch.testing.assert_close(y, want, atol=ATOL, rtol=0)
+    assert b.blocks[1].attn.hook_z.name == "blocks.1.attn.hook_z"
+    with pytest.raises(ValueError, match="copy.deepcopy"):
+        a.hook_dict
+    with pytest.raises(ValueError, match=r"'blocks\.1\.attn\.hook_q' of this .* also "):
+        b.hook_dict  # from a's first lookup on, b refuses too
+
+
 def test_a_module_taken_from_a_model_that_is_gone_names_its_points_anew():
     cfg = tiny_cfg()
     a, x = random_model(cfg), random_input(cfg)

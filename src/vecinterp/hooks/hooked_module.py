@@ -40,8 +40,9 @@ class HookedModule(nn.Module):
     afresh if one was. A hook point must have one name, so a lookup refuses
     (``ValueError`` naming both names) while one hook point is reachable under two: a
     module placed twice in one model (``model.blocks[1].attn = model.blocks[0].attn``) or
-    shared by reference with another model (``A.blocks[0].attn = B.blocks[1].attn``; both
-    models refuse until one no longer holds it). Give the model its own copy
+    shared by reference with another model (``A.blocks[0].attn = B.blocks[1].attn``: A
+    refuses, and B too from A's first lookup on, until one of them no longer holds it;
+    before that, B's names are B's and right for B). Give the model its own copy
     (``copy.deepcopy(module)``) instead. A plain forward never looks names up.
 
     Hooks and threads: hooks added by :meth:`hooks`, :meth:`run_with_hooks` (and the
