@@ -351,9 +351,11 @@ def test_composition_baseline_equals_its_dense_definition_whatever_the_chunking(
     R = A2.reshape(n, d_model, d_head) @ B2.reshape(n, d_head, d_model)
     norm = torch.linalg.matrix_norm
     torch.testing.assert_close(whole, norm(L @ R) / (norm(L) * norm(R)), atol=1e-12, rtol=1e-10)
-    # force chunks of 2 samples (and a last one of 1): the same samples come out
+    # force chunks of 2 samples (and a last one of 1): the same samples come out (the same
+    # draws; batched products of another batch count may round the last bit differently)
     monkeypatch.setattr(scores, "_BASELINE_CHUNK_ENTRIES", 2 * 4 * d_model * d_head)
-    assert torch.equal(composition_baseline(model, "K", n_samples=n, seed=2).samples, whole)
+    chunked = composition_baseline(model, "K", n_samples=n, seed=2).samples
+    torch.testing.assert_close(chunked, whole, rtol=1e-13, atol=0)
 
 
 # ---------------------------------------------------------------- errors
