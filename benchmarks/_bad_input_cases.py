@@ -315,6 +315,8 @@ def config_cases(c: Catalogue) -> None:
     for field in ("eps", "rotary_base", "init_range"):
         extra = {"positional": "rotary"} if field == "rotary_base" else {}
         for label, value, ok in [*floats, ("0", 0.0, field != "rotary_base")]:
+            # init_range=None is valid: the default of the config's init
+            ok = ok or (field == "init_range" and value is None)
             c.add(
                 f"{field}={label}",
                 "config",
