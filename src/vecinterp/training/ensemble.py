@@ -260,8 +260,7 @@ def train_ensemble(
         True
     """
     members = check_models(models)
-    for i, member in enumerate(members):
-        check_trainable(member, f"models[{i}]")
+    check_trainable({f"models[{i}]": member for i, member in enumerate(members)})
     check_threads(threads)
     k = len(members)
     lrs, seeds = per_member("lr", lr, k), per_member("seed", seed, k)

@@ -226,7 +226,7 @@ def train(
     check_ema(ema_decay, ema_start, steps)
     check_int("sync_every", sync_every, minimum=1)
     check_threads(threads)
-    check_trainable(model)
+    check_trainable({"model": model})
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
     # one process unless under torchrun (see distributed)

@@ -198,26 +198,39 @@ def attached_hooks(model: torch.nn.Module) -> list[str]:
     return found
 
 
-def check_trainable(model: HookedVectorTransformer, name: str = "model") -> None:
-    """Refuse a model whose training would silently differ from what it computes: one with
-    hooks attached, which the training copy (rebuilt from the config and the weights) would
-    not carry, so that training "with a knocked-out head" would train the intact model; and
-    one with NaN/inf weights, which could only diverge (``ValueError`` naming them)."""
-    hooked = attached_hooks(model)
-    if hooked:
-        shown = ", ".join(hooked[:3]) + (f" and {len(hooked) - 3} more" if len(hooked) > 3 else "")
-        raise ValueError(
-            f"{name} has hooks attached ({shown}): training runs on a copy of the model "
-            "rebuilt from its config and weights, without hooks, so it would train the model "
-            "without the intervention they make. Remove them first (model.reset_hooks("
-            "including_permanent=True), handle.remove(), or leave the hooks() context); to "
-            "train under an intervention, make it part of the weights or write a training "
-            "loop that calls the hooked model"
-        )
-    refuse_non_finite(
-        dict(model.state_dict()),
-        f"{name} cannot be trained: it holds NaN/inf weights (training could only diverge)",
-    )
+def check_trainable(models: dict[str, HookedVectorTransformer]) -> None:
+    """Refuse a model (of ``{name: model}``) whose training would silently differ from what
+    it computes: one with hooks attached, which the training copy (rebuilt from the config
+    and the weights) would not carry, so that training "with a knocked-out head" would
+    train the intact model; and one with NaN/inf weights, which could only diverge
+    (``ValueError`` naming them). The weights of all the models are checked in one read
+    of their values (on a GPU, one wait for the device)."""
+    for name, model in models.items():
+        hooked = attached_hooks(model)
+        if hooked:
+            shown = ", ".join(hooked[:3]) + (
+                f" and {len(hooked) - 3} more" if len(hooked) > 3 else ""
+            )
+            raise ValueError(
+                f"{name} has hooks attached ({shown}): training runs on a copy of the model "
+                "rebuilt from its config and weights, without hooks, so it would train the "
+                "model without the intervention they make. Remove them first "
+                "(model.reset_hooks(including_permanent=True), handle.remove(), or leave the "
+                "hooks() context); to train under an intervention, make it part of the "
+                "weights or write a training loop that calls the hooked model"
+            )
+    flags = [
+        torch.isfinite(t).all()
+        for model in models.values()
+        for t in model.state_dict().values()
+        if t.is_floating_point()
+    ]
+    if flags and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+        for name, model in models.items():
+            refuse_non_finite(
+                dict(model.state_dict()),
+                f"{name} cannot be trained: it holds NaN/inf weights (training could only diverge)",
+            )
 
 
 def check_threads(threads: object) -> None:
