@@ -101,6 +101,24 @@ def test_a_record_written_before_its_checksum_resumes_bit_identically(tmp_path):
     assert_same_run(run(tmp_path, steps=6, resume=True), whole)
 
 
+def test_a_record_from_before_init_range_was_stored_as_a_number_resumes(tmp_path):
+    """The background runs of examples/train_affine.py --init transformer_lens were started
+    when a default init_range was recorded as null; today's record holds the number. The
+    two are one model config, and the run resumes to the same bits as one never stopped."""
+    cfg = tiny_cfg(init="transformer_lens")
+    kw = dict(lr=1e-2, progress=False, device="cpu")
+
+    def train(steps: int, **more) -> vi.TrainResult:
+        return vi.train(vi.HookedVectorTransformer(cfg, seed=0, dtype=F64), make_batch,
+                        steps=steps, **kw, **more)  # fmt: skip
+
+    whole = train(4)
+    train(2, checkpoint_dir=tmp_path)
+    file = tmp_path / "step_00000002" / "trainer.json"
+    as_old_record(file, lambda r: r["config"]["model"].update(init_range=None))
+    assert_same_run(train(4, checkpoint_dir=tmp_path, resume=True), whole)
+
+
 def _swap(indices: list) -> None:
     indices[2], indices[3] = indices[3], indices[2]  # blocks.0.ln1.w and .b: same shape
 
