@@ -82,6 +82,7 @@ class StepPace:
         warn: called with the message (rank 0 warns; other ranks pass ``None``: no check).
         device: where training runs; the message suggests ``threads=`` on a CPU.
         offset: the run's step number of the first step timed (a resumed run's start).
+        skip, first, window, factor, min_seconds: as described above.
 
     Example:
         >>> import warnings
