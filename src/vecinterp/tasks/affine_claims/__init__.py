@@ -22,7 +22,8 @@ Layout: :func:`measure_claims` (model → :class:`ClaimsResult`), :func:`judge_c
 (numbers → claims; pure, so verdicts can be recomputed from a saved ``values`` dict),
 :func:`claims_table` and :func:`robustness_table` (one model, or one column per model),
 :func:`claims_report` (the Markdown report) and :func:`claim_figures` (matplotlib, the
-``plot`` extra). :func:`checkerboard_contrast` is the parity measure of claim 4.
+``plot`` extra). :func:`checkerboard_contrast` is the parity measure of claim 4 and
+:func:`most_attended_earlier_position` the per-head measure of claim 3's readings.
 :func:`discover_affine_circuit` runs automated circuit discovery (ACDC) on the model, and
 :data:`FAST_MODEL_CONFIG` and :data:`FAST_SIZES` are the main example's ``--fast``
 settings.
@@ -43,11 +44,11 @@ and value biases are folded first (:func:`~vecinterp.process_weights`), as the p
 
 from . import circuit as _circuit
 from . import results as _results
-from .analyses import checkerboard_contrast
 from .circuit import discover_affine_circuit
 from .figures import claim_figures
 from .judge import judge_claims
 from .measure import measure_claims
+from .patterns import checkerboard_contrast, most_attended_earlier_position
 from .report import claims_report, claims_table, robustness_table
 from .results import Claim, ClaimsResult, Reading
 
@@ -108,5 +109,6 @@ __all__ = [
     "discover_affine_circuit",
     "judge_claims",
     "measure_claims",
+    "most_attended_earlier_position",
     "robustness_table",
 ]
