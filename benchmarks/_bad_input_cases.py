@@ -712,7 +712,6 @@ def forward_cases(c: Catalogue) -> None:
         "forward",
         lambda fx: fx.model()(fx.x(), targets=fx.t()),
         names="targets",
-        ok_if_accepted=True,
     )
     masks: list[tuple[str, Callable[[Fx], Any], bool]] = [
         ("a list of bools", lambda fx: [[True] * 5] * 2, False),
