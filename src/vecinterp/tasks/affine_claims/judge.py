@@ -182,9 +182,8 @@ def _judge_3(v: dict[str, Any]) -> Claim:
     readings.append(
         Reading(
             "a2",
-            "a_2 ('the second vector' counted from zero): heads whose rows attend to it most "
-            "often among earlier positions",
-            f"{top2}/{n} heads (share > {thr}: {k2}/{n}, every length {k2_all}/{n})",
+            "a_2 ('the second vector' counted from zero): heads attending to it most often",
+            f"{top2}/{n} heads (share > {thr}: {k2}/{n}; every length {k2_all}/{n})",
             top2 / n,
             key=True,
         )
@@ -493,7 +492,6 @@ def _judge_9(v: dict[str, Any]) -> Claim:
     joint = v["ablate_joint"] / v["mse"]
     longest = v["ablate_joint_longest"] / base  # on the sweep set, as the single heads
     zero = v["ablate_joint_zero"] / base
-    lo = min(v["ablate_heads"])
     per = v["population_per_length"]
     return _claim(
         9,
@@ -506,10 +504,10 @@ def _judge_9(v: dict[str, Any]) -> Claim:
         [
             Reading(
                 "single_head",
-                f"one head at a time (the sweep set, {v['sizes']['sweep_batch_size']} sequences "
-                "of each batch, against its own base)",
-                f"{base:.1e} -> {lo:.1e}..{max(v['ablate_heads']):.1e}; {k}/{n} heads <= "
-                f"x{t['ablation_holds']:g}, median x{med:.1f}, head {worst} x{ratios[worst]:.1f}",
+                f"one head at a time (the sweep set, {v['sizes']['sweep_batch_size']} "
+                "sequences a batch, against its own unablated MSE)",
+                f"{k}/{n} heads <= x{t['ablation_holds']:g}, median x{med:.1f}, worst head "
+                f"{worst} x{ratios[worst]:.1f} (unablated {base:.1e})",
                 med,
                 key=True,
             ),
