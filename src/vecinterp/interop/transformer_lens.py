@@ -263,7 +263,9 @@ def from_transformer_lens(tl_model: nn.Module) -> HookedVectorTransformer:
         >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
         ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
         >>> back = from_transformer_lens(to_transformer_lens(model))
-        >>> back.cfg == model.cfg
+        >>> back.cfg.init    # initialised as TransformerLens initialises; the range kept
+        'transformer_lens'
+        >>> back.cfg == model.cfg.replace(init="transformer_lens", init_range=0.02)
         True
         >>> all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
         True
