@@ -1,8 +1,9 @@
 """Affine recurrences: predict the next vector of ``a_n = c a_{n-1} + d`` in context.
 
 The task of Samarth Bhargav and Alexander Gu, "Interpreting Affine Recurrence Learning in
-GPT-style Transformers", 2024, arXiv:2410.17438 (§3.1 data, §3.2 model and training). A transformer reads real vectors, one per position, and at every position
-predicts the next vector of a recurrence whose coefficients it never sees.
+GPT-style Transformers", 2024, arXiv:2410.17438 (§3.1 data, §3.2 model and training). A
+transformer reads real vectors, one per position, and at every position predicts the next
+vector of a recurrence whose coefficients it never sees.
 
 The recurrence
 --------------
