@@ -169,9 +169,7 @@ class VectorTransformerConfig:
         for field in dataclasses.fields(self):
             if field.type not in (float, "float", float | None, "float | None"):
                 continue
-            value = getattr(self, field.name)
-            if value is None and field.type in (float | None, "float | None"):
-                continue
+            value = getattr(self, field.name)  # init_range: a number by now
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(
                     f"VectorTransformerConfig.{field.name} must be a positive number, got {value!r}"
@@ -181,7 +179,7 @@ class VectorTransformerConfig:
                     f"VectorTransformerConfig.{field.name} must be a positive number, got "
                     f"{value!r}, which is not finite"
                 )
-        if self.init_range is not None and self.init_range > _MAX_INIT_RANGE:
+        if self.init_std > _MAX_INIT_RANGE:
             raise ValueError(
                 f"VectorTransformerConfig.init_range must be at most {_MAX_INIT_RANGE:g}, got "
                 f"{self.init_range!r}: it is the standard deviation of the initial weight "
@@ -285,6 +283,19 @@ class VectorTransformerConfig:
     def to_json(self) -> str:
         """The config as a JSON string."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def same_config(record: object, cfg: VectorTransformerConfig) -> bool:
+    """Whether a recorded config (a dict as :meth:`VectorTransformerConfig.to_dict` wrote
+    it, in a save or a training checkpoint) is ``cfg``. Compared as configs, not dicts, so
+    that a record written before a field existed, or with a default left as ``None``, is the
+    config it describes; anything unreadable is not."""
+    if not isinstance(record, dict):
+        return False
+    try:
+        return VectorTransformerConfig.from_dict(record) == cfg
+    except (TypeError, ValueError):
+        return False
 
 
 def _init_with_hints(init: Any) -> Any:

@@ -52,7 +52,7 @@ from .atomic import atomic_write as atomic_write
 from .atomic import directory_lock as directory_lock
 from .atomic import fsync_dir as fsync_dir
 from .atomic import read_regular as read_regular
-from .config import VectorTransformerConfig
+from .config import VectorTransformerConfig, same_config
 from .tensor_files import _INT_OF_SIZE as _INT_OF_SIZE
 from .tensor_files import _SHOWN as _SHOWN
 from .tensor_files import CHECKSUM_KEY as CHECKSUM_KEY
@@ -398,7 +398,7 @@ def load(
     with uninitialised_weights():  # every tensor is loaded below (checked first)
         model = HookedVectorTransformer(cfg, seed=0, dtype=dtype)
     check_state_dict(model, tensors, source=str(weights))
-    if "config" in header and not _same_config(header["config"], cfg):
+    if "config" in header and not same_config(_json_or_none(header["config"]), cfg):
         raise ValueError(
             f"{weights} and {CONFIG_FILE} in {directory} come from different saves: "
             "their configs differ"
@@ -407,14 +407,11 @@ def load(
     return model.to(device) if device is not None else model
 
 
-def _same_config(text: str, cfg: VectorTransformerConfig) -> bool:
-    """Whether the config recorded in a weights file is ``cfg``. Compared as configs, not
-    dicts, so that a save from before a field existed (e.g. ``init``) matches the config read
-    from its ``config.json`` with that field's default."""
+def _json_or_none(text: str) -> Any:
     try:
-        return VectorTransformerConfig.from_dict(json.loads(text)) == cfg
-    except (ValueError, TypeError):
-        return False
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _first(items: list[str], sep: str = ", ") -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..model.config import VectorTransformerConfig
+from ..model.config import VectorTransformerConfig, same_config
 from ..model.transformer import HookedVectorTransformer
 from ._pending import PendingSteps
 from ._speed import StepPace, warn_slow
@@ -462,7 +462,7 @@ def _restore(
     record = saved["record"]
     before = record["config"]
     ignore = {"steps"} if config["schedule"] == before.get("schedule") == "constant" else set()
-    if _same_model(before.get("model"), config["model"]):
+    if same_config(before.get("model"), VectorTransformerConfig.from_dict(config["model"])):
         ignore.add("model")
     differ = sorted(
         k for k in set(config) | set(before) if k not in ignore and config.get(k) != before.get(k)
@@ -491,18 +491,6 @@ def _restore(
     if dev.type == "cuda" and "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"], dev)
     return step, TrainHistory.from_tensors(saved["history"]), float(record["elapsed"]), record
-
-
-def _same_model(saved: object, now: dict[str, Any]) -> bool:
-    """Whether a checkpoint's model config is ``now``, compared as configs rather than
-    dicts: a record written before ``init_range`` was stored as a number (``None`` for
-    the init's default) is the same model as today's record of that default."""
-    if not isinstance(saved, dict):
-        return False
-    try:
-        return VectorTransformerConfig.from_dict(saved) == VectorTransformerConfig.from_dict(now)
-    except (TypeError, ValueError):
-        return False
 
 
 def _adamw(net: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:

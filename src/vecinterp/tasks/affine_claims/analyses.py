@@ -216,10 +216,11 @@ def _geometry(
     v["ov_intercept"] = float(s.intercept.mean())
     # for centred x (a LayerNorm output) the per-vector slope is x·(x OV)/|x|², the same
     # for OV and its transpose: no convention slip (OV x vs x OV) changes it
-    flat_x = x.reshape(-1, x.shape[-1])
-    summed_ov = ov_circuit(net, 0).AB.sum(0)
-    v["ov_slope_transposed"] = float(fit_line(flat_x, flat_x @ summed_ov.T).slope.median())
-    rayleigh = (flat_x * (flat_x @ summed_ov)).sum(-1) / flat_x.square().sum(-1)
+    ov_heads = ov_circuit(net, 0).AB  # [heads, d_model, d_model]
+    summed_ov = ov_heads.sum(0)
+    flat = x.reshape(-1, x.shape[-1])
+    v["ov_slope_transposed"] = float(fit_line(flat, flat @ summed_ov.T).slope.median())
+    rayleigh = (flat * (flat @ summed_ov)).sum(-1) / flat.square().sum(-1)
     v["ov_rayleigh"] = float(rayleigh.median())
     assert fit.heads is not None
     v["ov_head_r2"] = fit.heads.r2.flatten(0, -2).mean(0).tolist()
@@ -254,16 +255,14 @@ def _geometry(
         float(fu.slope.median()),
     )
     # claim 8: the share of x (Σ_h OV_h) outside W_E's row space
-    ov_heads = ov_circuit(net, 0).AB  # [heads, d_model, d_model]
-    flat = x.reshape(-1, x.shape[-1])
-    writes = flat @ ov_heads.sum(0)
+    writes = flat @ summed_ov
     v["outside"] = float(fraction_outside_embedding(writes, net).mean())
     v["outside_squared"] = float(fraction_outside_embedding(writes, net, squared=True).mean())
     per_head = torch.einsum("vd,hde->vhe", flat, ov_heads)
     v["outside_heads"] = float(fraction_outside_embedding(per_head, net).mean())
     attn_out = cache["attn_out", 0].reshape(-1, x.shape[-1])
     v["outside_attn_out"] = float(fraction_outside_embedding(attn_out, net).mean())
-    emb_writes = cache["embed"].reshape(-1, x.shape[-1]) @ ov_heads.sum(0)
+    emb_writes = cache["embed"].reshape(-1, x.shape[-1]) @ summed_ov
     v["outside_embed"] = float(fraction_outside_embedding(emb_writes, net).mean())
     rank = int(torch.linalg.matrix_rank(net.W_E.detach()))
     v["embed_rank"] = rank
@@ -273,7 +272,7 @@ def _geometry(
     data["ov_example"] = (flat[-1], writes[-1])
     gen = torch.Generator().manual_seed(1)
     rv = torch.randn(net.cfg.d_model, generator=gen, dtype=torch.float64).to(flat)
-    data["ov_random_example"] = (rv, rv @ ov_heads.sum(0))
+    data["ov_random_example"] = (rv, rv @ summed_ov)
     data["full_ov_example"] = (a[-1], a[-1] @ full)
 
 

@@ -7,7 +7,6 @@ note, verdict) over the same few helpers. A reader checks a verdict by reading o
 and compares wordings and thresholds across claims by reading on; split in two, the
 parallel would be lost and nothing else gained."""
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,9 +81,11 @@ def _claim(
     headline: str,
     basis: str,
     note: str,
+    part: str = "",
 ) -> Claim:
-    claim, paper = CLAIMS[number]
-    return Claim(number, claim, paper, primary, tuple(alternatives), verdict, headline, basis, note)
+    claim, paper = CLAIM_PARTS[f"{number}{part}"] if part else CLAIMS[number]
+    alts = tuple(alternatives)
+    return Claim(number, claim, paper, primary, alts, verdict, headline, basis, note, part)
 
 
 def _judge_1(v: dict[str, Any]) -> Claim:
@@ -563,6 +564,7 @@ def _judge_10(v: dict[str, Any]) -> tuple[Claim, Claim]:
         f"OV {n_ov}/{n}",
         "Figure 15 scores 'the OV circuit', the d_model matrix of §4.4: every score negative",
         "",
+        part="a",
     )
     thr = t["qk_identity"]
     paper = list(v["qk_heads"])
@@ -608,12 +610,9 @@ def _judge_10(v: dict[str, Any]) -> tuple[Claim, Claim]:
         "not its sign",
         "The paper names its own model's heads; another model's identity-like heads may be "
         "others, so 'all_heads' counts them wherever they are.",
+        part="b",
     )
-    claim_b, paper_b = CLAIM_PARTS["10b"]
-    return (
-        dataclasses.replace(part_a, part="a"),
-        dataclasses.replace(part_b, part="b", claim=claim_b, paper=paper_b),
-    )
+    return part_a, part_b
 
 
 def _judge_11(v: dict[str, Any]) -> Claim:
