@@ -1,0 +1,118 @@
+"""Shared by the probes, subspace patching and alignment search: hook names expanded to
+full names, the block a run can start or stop at for a hook point, and a capture of only
+the requested hook points at the requested positions."""
+
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ..cache import act_name
+from ..hooks import HookPoint
+from ..model import HookedVectorTransformer
+
+_FEATURE_LEAVES = (
+    "hook_embed",
+    "hook_pos_embed",
+    "hook_resid_pre",
+    "hook_resid_mid",
+    "hook_resid_post",
+    "hook_attn_out",
+    "hook_mlp_out",
+    "hook_pre",
+    "hook_post",
+    "hook_normalized",
+)
+"""Hook points laid out ``[batch, pos, features]``: the ones a probe or a subspace reads."""
+
+
+def resolve_points(model: HookedVectorTransformer, hook_names: object, name: str) -> list[str]:
+    """Full hook names, in order: a short name (``"resid_post"``) gives one per layer, a
+    full name (``"blocks.1.hook_resid_mid"``, ``"hook_embed"``) itself. Only hook points
+    laid out ``[batch, pos, features]`` are accepted; errors call the argument ``name``."""
+    given = [hook_names] if isinstance(hook_names, str) else hook_names
+    if not isinstance(given, Sequence) or not given or not all(isinstance(n, str) for n in given):
+        raise TypeError(
+            f"{name} must be a hook name or a non-empty sequence of hook names (str), "
+            f"got {hook_names!r}"
+        )
+    names: list[str] = []
+    for short in given:
+        if "." in short or short.startswith("hook_"):
+            expanded = [short]
+        else:
+            try:
+                expanded = [act_name(short, layer) for layer in range(model.cfg.n_layers)]
+            except KeyError:
+                try:
+                    expanded = [act_name(short)]
+                except KeyError:
+                    raise ValueError(
+                        f"{name}: unknown hook name {short!r}: expected a short name such as "
+                        "'resid_pre', 'resid_mid', 'resid_post', 'attn_out', 'mlp_out', or a "
+                        "full hook name such as 'blocks.0.hook_resid_pre'"
+                    ) from None
+        for full in expanded:
+            full = model.hook_point(full).name
+            if full.rsplit(".", 1)[-1] not in _FEATURE_LEAVES:
+                raise ValueError(
+                    f"{name}: {full!r} is not laid out [batch, pos, features]; use a residual "
+                    "point (resid_pre, resid_mid, resid_post), attn_out, mlp_out, an MLP's "
+                    "pre/post, hook_embed, hook_pos_embed or ln_final.hook_normalized"
+                )
+            if full in names:
+                raise ValueError(f"{name}: {full!r} is requested twice")
+            names.append(full)
+    return names
+
+
+def block_of(name: str) -> int | None:
+    """The block of hook point ``name`` (``blocks.L.*``); ``None`` before every block
+    (``hook_embed``, ``hook_pos_embed``); ``-1`` after every block (``ln_final.*``)."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        return int(parts[1])
+    return None if parts[0].startswith("hook_") else -1
+
+
+def capture(
+    model: HookedVectorTransformer,
+    x: torch.Tensor,
+    names: Sequence[str],
+    positions: Sequence[int],
+    *,
+    chunk_size: int,
+    progress: bool,
+    desc: str,
+) -> dict[str, torch.Tensor]:
+    """``{name: activation[:, positions]}`` for each hook point, ``[batch, len(positions),
+    features]``, computed ``chunk_size`` sequences at a time by hooks on exactly these points;
+    each run stops after the last block any of them needs (no unembedding)."""
+    blocks = [block_of(name) for name in names]
+    n = model.cfg.n_layers
+    stop = n if -1 in blocks else max([b + 1 for b in blocks if b is not None], default=0)
+    index = torch.as_tensor(list(positions), dtype=torch.long, device=x.device)
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+
+    def keep(act: torch.Tensor, hook: HookPoint) -> None:
+        parts[hook.name].append(act.index_select(1, index).detach().clone())
+
+    starts = range(0, x.shape[0], chunk_size)
+    with torch.no_grad(), model.hooks(fwd_hooks=[(name, keep) for name in names]):
+        for start in tqdm(starts, desc=desc, disable=not progress):
+            chunk = x[start : start + chunk_size]
+            if stop == n and -1 in blocks:
+                model(chunk)
+            else:
+                model(chunk, stop_at_layer=stop)
+    return {name: torch.cat(parts[name]) for name in names}
+
+
+
+def random_twin(model: HookedVectorTransformer, seed: int) -> HookedVectorTransformer:
+    """The control of the probes and the alignment search: ``model``'s architecture (its
+    config) with freshly initialised weights (``init_weights(seed)``), on its device and
+    dtype."""
+    return HookedVectorTransformer(
+        model.cfg, seed=seed, device=model.W_E.device, dtype=model.W_E.dtype
+    )

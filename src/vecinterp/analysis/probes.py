@@ -1,0 +1,393 @@
+"""Linear probes: where is a continuous variable linearly decodable, hook point by position?
+
+:func:`fit_probes` fits one ridge probe per hook point and position (the penalty chosen by
+k-fold cross-validation, in closed form: see :mod:`vecinterp.analysis._ridge`), scores it
+on held-out sequences with a bootstrap interval, and computes two controls the same way:
+the same architecture randomly initialised, and the targets shuffled across sequences.
+Selectivity is R² minus a control's R², in the sense of John Hewitt and Percy Liang,
+"Designing and Interpreting Probes with Control Tasks", 2019, arXiv:1909.03368: a probe
+that decodes the variable as well from a random network (or decodes shuffled targets)
+shows what the probe can do, not what the model computed.
+"""
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from ..model import HookedVectorTransformer
+from ..model.validation import check_input, check_seed
+from ._points import capture, random_twin, resolve_points
+from ._ridge import RidgeCV, RidgeFit, make_split
+
+__all__ = ["ProbeResult", "fit_probes"]
+
+_CONTROLS = ("random_model", "shuffled")
+_DEFAULT_ALPHAS = tuple(10.0**e for e in range(-6, 5))
+_CELL_BUDGET = 2**25
+"""Cells of one hook point are solved together while ``cells * folds * d**2`` stays under
+this many float64 numbers (256 MiB per array of that size)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """The probes of one target at every hook point × position.
+
+    Arrays are float64 on the CPU, laid out ``[point, pos]`` with ``point`` following
+    :attr:`hook_names` and ``pos`` following :attr:`positions`. A cell whose target is not
+    defined (a per-position target with NaN there) or has no variance on the held-out
+    sequences is NaN.
+
+    Attributes:
+        target: the target's name (a key of ``targets``).
+        hook_names: the full hook names, in the order of the ``point`` axis.
+        positions: the positions probed, in the order of the ``pos`` axis.
+        r2: held-out R², pooled over the target's outputs: ``1 - SSE / SST`` with both
+            sums over held-out sequences and output coordinates (each coordinate centred
+            on its own held-out mean).
+        r2_low: lower end of the bootstrap interval of ``r2`` (percentile bootstrap over
+            held-out sequences; the same resamples for every cell).
+        r2_high: upper end of that interval.
+        r2_per_output: ``[point, pos, k]``, held-out R² of each output coordinate.
+        control_r2: held-out R² of the same probe fitted on the same architecture with
+            random weights (NaN if that control was not asked for).
+        shuffled_r2: held-out R² of the same probe fitted to targets shuffled across
+            sequences (NaN if not asked for); about 0 or below.
+        alpha: the relative ridge penalty chosen by cross-validation (the penalty is
+            ``alpha * trace(G) / d`` for the centred Gram matrix ``G`` of the activations).
+        weight: ``[point, pos, d, k]``, the probe, fitted on every training sequence:
+            ``prediction = activation @ weight + bias``. Its columns span the probe's
+            subspace (pass ``weight[i, p]`` to :func:`~vecinterp.patch_subspace`).
+        bias: ``[point, pos, k]``.
+        n_train: training sequences (cross-validated in ``n_folds`` folds).
+        n_test: held-out sequences, which every R² is computed on.
+    """
+
+    target: str
+    hook_names: tuple[str, ...]
+    positions: tuple[int, ...]
+    r2: Float[torch.Tensor, "point pos"]
+    r2_low: Float[torch.Tensor, "point pos"]
+    r2_high: Float[torch.Tensor, "point pos"]
+    r2_per_output: Float[torch.Tensor, "point pos k"]
+    control_r2: Float[torch.Tensor, "point pos"]
+    shuffled_r2: Float[torch.Tensor, "point pos"]
+    alpha: Float[torch.Tensor, "point pos"]
+    weight: Float[torch.Tensor, "point pos d k"]
+    bias: Float[torch.Tensor, "point pos k"]
+    n_train: int
+    n_test: int
+
+    @property
+    def selectivity(self) -> Float[torch.Tensor, "point pos"]:
+        """``r2 - control_r2``: what the trained weights add over a random network's."""
+        return self.r2 - self.control_r2
+
+    @property
+    def shuffled_selectivity(self) -> Float[torch.Tensor, "point pos"]:
+        """``r2 - shuffled_r2``: R² above a probe of targets unrelated to the input."""
+        return self.r2 - self.shuffled_r2
+
+
+def fit_probes(
+    model: HookedVectorTransformer,
+    x: Float[torch.Tensor, "batch pos d_in"],
+    targets: Mapping[str, torch.Tensor] | torch.Tensor,
+    hook_names: str | Sequence[str],
+    *,
+    positions: Sequence[int] | None = None,
+    controls: Sequence[str] = _CONTROLS,
+    control_seed: int = 0,
+    alphas: Sequence[float] = _DEFAULT_ALPHAS,
+    n_folds: int = 5,
+    test_fraction: float = 0.2,
+    n_bootstrap: int = 200,
+    ci: float = 0.95,
+    seed: int = 0,
+    chunk_size: int = 64,
+    progress: bool = True,
+) -> dict[str, ProbeResult]:
+    """Fit a linear probe for each target at every hook point × position; score held out.
+
+    One pass over ``x`` (``chunk_size`` sequences at a time) captures only the requested
+    hook points at the requested positions, stopping after the last block they need; a
+    second pass does the same on the random control model. The probes are then solved in
+    closed form, batched over positions: ridge regression on the training sequences with
+    the penalty (from ``alphas``, relative to the activations' variance) chosen by
+    ``n_folds``-fold cross-validation on them, refitted on all of them and scored on the
+    held-out ``test_fraction`` of the sequences. Sequences, not positions, are split, so a
+    sequence never trains and tests the same probe. Every target, point and control uses
+    the same split and the same bootstrap resamples.
+
+    Targets (``batch = x.shape[0]``) are continuous:
+
+    - ``[batch]`` or ``[batch, k]``: one value per sequence (e.g. the affine task's ``c``,
+      ``d``), probed at every position;
+    - ``[batch, pos, k]``: one per position (``pos = x.shape[1]``), probed at the same
+      position (e.g. ``a_{n-1}`` at position ``n``; a scalar per position is
+      ``[batch, pos, 1]``). NaN at a position marks the target undefined there: that
+      position's cells are NaN.
+
+    The cost: the capture is one forward pass per model (without the unembedding); then
+    per hook point one Gram matrix of its activations (``batch * pos * d**2``) and an
+    eigendecomposition per fold and position (``d**3``), shared by all targets and
+    controls. Meant for points of residual width; an MLP's ``pre``/``post`` (``d_mlp``
+    wide) costs ``(d_mlp / d_model)**3`` times more.
+
+    Args:
+        model: the model (not modified).
+        x: inputs ``[batch, pos, d_in]``.
+        targets: ``{name: tensor}`` as above, or one tensor (then named ``"target"``).
+        hook_names: a short name (``"resid_post"``: every layer) or full hook name, or a
+            sequence of them; points laid out ``[batch, pos, features]`` only (residual
+            points, ``attn_out``, ``mlp_out``, ``pre``/``post``, the embeddings).
+        positions: the positions to probe (default: all of ``x``'s).
+        controls: which controls to compute, a subset of ``("random_model",
+            "shuffled")``; the fields of the others are NaN.
+        control_seed: seed of the random model's ``init_weights``.
+        alphas: the relative ridge penalties cross-validation chooses from (positive).
+        n_folds: folds of the cross-validation (at least 2).
+        test_fraction: the share of sequences held out for scoring, in (0, 1).
+        n_bootstrap: resamples of the held-out sequences for the interval (at least 1).
+        ci: the interval's coverage, in (0, 1).
+        seed: seed of the split, the folds, the bootstrap and the shuffle.
+        chunk_size: sequences per forward pass of the capture.
+        progress: show progress bars.
+
+    Returns:
+        ``{target name: ProbeResult}``.
+
+    Raises:
+        ValueError: a target of the wrong shape or non-finite where it must not be; an
+            unknown hook name or one not laid out ``[batch, pos, features]``; a position
+            out of range; too few sequences for the folds and the test set; an unknown
+            control; bad numeric arguments.
+        TypeError: arguments of the wrong type.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+        >>> x = torch.randn(200, 5, 3)
+        >>> probes = vi.fit_probes(model, x, {"x0": x[..., :1]}, "resid_pre",
+        ...                        n_bootstrap=20, progress=False)
+        >>> probes["x0"].r2.shape                      # [n_layers, pos]
+        torch.Size([2, 5])
+        >>> bool((probes["x0"].r2[0] > 0.99).all())    # the input itself, at layer 0
+        True
+    """
+    if not isinstance(model, HookedVectorTransformer):
+        raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
+    x = check_input(x, model.cfg, model.W_E, name="x")
+    batch, n_pos = x.shape[0], x.shape[1]
+    named = _check_targets(targets, batch, n_pos)
+    names = resolve_points(model, hook_names, "hook_names")
+    pos = _check_positions(positions, n_pos)
+    wanted = _check_controls(controls)
+    alpha_grid = _check_alphas(alphas)
+    _check_split(batch, n_folds, test_fraction, n_bootstrap, ci)
+    check_seed("seed", seed)
+    check_seed("control_seed", control_seed)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    split = make_split(batch, test_fraction, n_folds, n_bootstrap, seed)
+    shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(seed + 1))
+    # per target: [cells or 1, batch, k] in the layout of one hook point's cells (positions)
+    ys = {name: _cells_of(t, pos) for name, t in named.items()}
+    undefined = {name: _undefined(t, pos) for name, t in named.items()}
+    runs: dict[str, dict[str, list[RidgeFit]]] = {}
+    models = {"model": model}
+    if "random_model" in wanted:
+        models["random_model"] = random_twin(model, control_seed)
+    for label, net in models.items():
+        acts = capture(
+            net, x, names, pos, chunk_size=chunk_size, progress=progress, desc=f"capture {label}"
+        )
+        shuffled = label == "model" and "shuffled" in wanted
+        fits = _solve(acts, names, ys, split, alpha_grid, ci, shuffle if shuffled else None,
+                      progress, label)
+        for key, value in fits.items():
+            runs.setdefault(key, {})[label] = value
+    return {
+        name: _result(name, names, pos, runs, undefined[name], split) for name in named
+    }
+
+
+def _solve(
+    acts: dict[str, torch.Tensor],
+    names: list[str],
+    ys: dict[str, torch.Tensor],
+    split: object,
+    alphas: torch.Tensor,
+    ci: float,
+    shuffle: torch.Tensor | None,
+    progress: bool,
+    label: str,
+) -> dict[str, list[RidgeFit]]:
+    """Per target (and ``name + "/shuffled"``), one fit per hook point over its cells."""
+    out: dict[str, list[RidgeFit]] = {}
+    for name in tqdm(names, desc=f"probes {label}", disable=not progress):
+        act = acts.pop(name)  # [batch, cells, d], freed as we go
+        cells, d = act.shape[1], act.shape[2]
+        step = max(1, _CELL_BUDGET // (d * d * 8))
+        per_chunk: dict[str, list[RidgeFit]] = {}
+        for start in range(0, cells, step):
+            sl = slice(start, start + step)
+            solver = RidgeCV(act[:, sl].transpose(0, 1), split, alphas)  # type: ignore[arg-type]
+            for target, y in ys.items():
+                y_cells = y if y.shape[0] == 1 else y[sl]
+                per_chunk.setdefault(target, []).append(solver.fit(y_cells, ci))
+                if shuffle is not None:
+                    fit = solver.fit(y_cells[:, shuffle], ci)
+                    per_chunk.setdefault(target + "/shuffled", []).append(fit)
+        for key, fits in per_chunk.items():
+            out.setdefault(key, []).append(_concat(fits))
+    return out
+
+
+def _concat(fits: list[RidgeFit]) -> RidgeFit:
+    if len(fits) == 1:
+        return fits[0]
+    fields = {f.name: torch.cat([getattr(r, f.name) for r in fits]) for f in dataclasses.fields(RidgeFit)}
+    return RidgeFit(**fields)
+
+
+def _result(
+    name: str,
+    names: list[str],
+    pos: list[int],
+    runs: dict[str, dict[str, list[RidgeFit]]],
+    undefined: torch.Tensor,
+    split: object,
+) -> ProbeResult:
+    def stack(fits: list[RidgeFit] | None, field: str) -> torch.Tensor:
+        if fits is None:
+            return torch.full((len(names), len(pos)), torch.nan, dtype=torch.float64)
+        value = torch.stack([getattr(f, field) for f in fits])
+        mask = undefined.reshape(1, -1, *[1] * (value.ndim - 2))
+        return value.masked_fill(mask, torch.nan)
+
+    main = runs[name]["model"]
+    control = runs[name].get("random_model")
+    shuffled = runs.get(name + "/shuffled", {}).get("model")
+    return ProbeResult(
+        target=name,
+        hook_names=tuple(names),
+        positions=tuple(pos),
+        r2=stack(main, "r2"),
+        r2_low=stack(main, "r2_low"),
+        r2_high=stack(main, "r2_high"),
+        r2_per_output=stack(main, "r2_per_output"),
+        control_r2=stack(control, "r2"),
+        shuffled_r2=stack(shuffled, "r2"),
+        alpha=stack(main, "alpha"),
+        weight=stack(main, "weight"),
+        bias=stack(main, "bias"),
+        n_train=len(split.train),  # type: ignore[attr-defined]
+        n_test=len(split.test),  # type: ignore[attr-defined]
+    )
+
+
+def _check_targets(
+    targets: object, batch: int, n_pos: int
+) -> dict[str, torch.Tensor]:
+    if isinstance(targets, torch.Tensor):
+        targets = {"target": targets}
+    if not isinstance(targets, Mapping) or not targets:
+        raise TypeError(
+            f"targets must be a tensor or a non-empty dict {{name: tensor}}, got "
+            f"{type(targets).__name__}"
+        )
+    out = {}
+    for name, t in targets.items():
+        if not isinstance(name, str) or "/" in name:
+            raise ValueError(f"targets: each name must be a str without '/', got {name!r}")
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"targets[{name!r}] must be a float tensor, got {t!r:.60}")
+        t = t.detach().to("cpu", torch.float64)
+        if t.ndim == 1:
+            t = t[:, None]
+        ok = t.ndim in (2, 3) and t.shape[0] == batch and (t.ndim == 2 or t.shape[1] == n_pos)
+        if not ok or t.shape[-1] == 0:
+            raise ValueError(
+                f"targets[{name!r}] must be [batch={batch}] or [batch, k] (one value per "
+                f"sequence) or [batch, pos={n_pos}, k] (one per position), got "
+                f"{tuple(t.shape)}"
+            )
+        if t.ndim == 2 and not t.isfinite().all():
+            raise ValueError(f"targets[{name!r}] (one value per sequence) must be finite")
+        if t.ndim == 3 and t.isinf().any():
+            raise ValueError(f"targets[{name!r}] has an infinite value (NaN marks undefined)")
+        out[name] = t
+    return out
+
+
+def _cells_of(t: torch.Tensor, pos: list[int]) -> torch.Tensor:
+    """``[cells or 1, batch, k]``: one target per probed position, or one shared by all."""
+    if t.ndim == 2:
+        return t[None]
+    return t[:, pos].transpose(0, 1).nan_to_num(0.0)
+
+
+def _undefined(t: torch.Tensor, pos: list[int]) -> torch.Tensor:
+    if t.ndim == 2:
+        return torch.zeros(len(pos), dtype=torch.bool)
+    return t[:, pos].isnan().flatten(2).any(-1).any(0)
+
+
+def _check_positions(positions: object, n_pos: int) -> list[int]:
+    if positions is None:
+        return list(range(n_pos))
+    if not isinstance(positions, Sequence) or not positions:
+        raise TypeError(f"positions must be a non-empty sequence of ints or None, got {positions!r}")
+    out = []
+    for p in positions:
+        if isinstance(p, bool) or not isinstance(p, int) or not -n_pos <= p < n_pos:
+            raise ValueError(
+                f"positions: each must be an int in [{-n_pos}, {n_pos - 1}] (x has {n_pos} "
+                f"positions), got {p!r}"
+            )
+        if p % n_pos in out:
+            raise ValueError(f"positions: position {p % n_pos} is given twice")
+        out.append(p % n_pos)
+    return out
+
+
+def _check_controls(controls: object) -> set[str]:
+    if isinstance(controls, str) or not isinstance(controls, Sequence):
+        raise TypeError(f"controls must be a sequence of names from {_CONTROLS}, got {controls!r}")
+    bad = [c for c in controls if c not in _CONTROLS]
+    if bad:
+        raise ValueError(f"controls must be names from {_CONTROLS}, got {bad!r}")
+    return set(controls)
+
+
+def _check_alphas(alphas: object) -> torch.Tensor:
+    if not isinstance(alphas, Sequence) or not alphas:
+        raise TypeError(f"alphas must be a non-empty sequence of positive floats, got {alphas!r}")
+    values = torch.tensor([float(a) for a in alphas], dtype=torch.float64)  # type: ignore[arg-type]
+    if not (values.isfinite() & (values > 0)).all():
+        raise ValueError(f"alphas must be positive and finite, got {list(alphas)!r}")
+    return values
+
+
+def _check_split(
+    batch: int, n_folds: object, test_fraction: object, n_bootstrap: object, ci: object
+) -> None:
+    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2:
+        raise ValueError(f"n_folds must be an int >= 2, got {n_folds!r}")
+    if not isinstance(test_fraction, float | int) or not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 1:
+        raise ValueError(f"n_bootstrap must be a positive int, got {n_bootstrap!r}")
+    if not isinstance(ci, float) or not 0 < ci < 1:
+        raise ValueError(f"ci must be a float in (0, 1), got {ci!r}")
+    n_test = max(1, round(test_fraction * batch))
+    if n_test < 2 or batch - n_test < 2 * n_folds:
+        raise ValueError(
+            f"x has {batch} sequences: with test_fraction={test_fraction} that leaves "
+            f"{n_test} held out and {batch - n_test} to train in {n_folds} folds; need at "
+            f"least 2 held out and 2 per fold"
+        )
