@@ -1,5 +1,6 @@
 """Analysis: circuits and scores, direct attribution, ablation, patching, head detectors,
-geometry and emergence across checkpoints. Every function works on any
+geometry and emergence across checkpoints, linear probes, subspace patching and
+distributed alignment search. Every function works on any
 :class:`~vecinterp.HookedVectorTransformer` and returns new tensors or models; none edits
 the model it is given."""
 
@@ -14,6 +15,7 @@ from .ablation import (
     resample_ablation_hook,
     zero_ablation_hook,
 )
+from .alignment_search import AlignmentResult, alignment_search
 from .attribution import DirectAttribution, direct_attribution, next_vector_targets
 from .attribution_patching import attribution_patching
 from .circuit_discovery import CircuitResult, circuit_threshold_sweep, discover_circuit
@@ -41,10 +43,19 @@ from .geometry import (
 )
 from .patching import activation_patching, patch_hook
 from .path_patching import path_patching
+from .probes import ProbeResult, fit_probes
 from .qk_patch import patch_qk_identity
 from .scores import CompositionBaseline, composition_baseline, composition_scores, eigenvalue_scores
+from .subspace import orthonormal_basis, patch_subspace, subspace_patch_hook
 
 __all__ = [
+    "AlignmentResult",
+    "ProbeResult",
+    "alignment_search",
+    "fit_probes",
+    "orthonormal_basis",
+    "patch_subspace",
+    "subspace_patch_hook",
     "EmergenceTable",
     "emergence",
     "path_attention",

@@ -1,0 +1,394 @@
+"""Distributed alignment search: learn the subspace where the model keeps a variable.
+
+Given pairs of inputs (a base and a source) and, for each pair, the output a high-level
+model predicts when one variable of the base takes its value from the source (the
+counterfactual: e.g. "the base's recurrence with the source's ``c``"), search for a
+``k``-dimensional subspace at one hook point whose interchange (the source's component
+in it patched into the base run, :func:`~vecinterp.subspace_patch_hook`) moves the
+model's output to the counterfactual. The subspace is ``span(Q)`` with ``Q =
+qr(A).Q`` for a free ``[d, k]`` matrix ``A`` trained (L-BFGS, or Adam on mini-batches) on
+the squared error between the intervened output and the counterfactual.
+
+This is distributed alignment search (DAS) of Atticus Geiger, Zhengxuan Wu, Christopher
+Potts, Thomas Icard and Noah Goodman, "Finding Alignments Between Interpretable Causal
+Variables and Distributed Neural Representations", 2023, arXiv:2303.02536, for regression
+outputs: instead of interchange-intervention accuracy it reports the fraction of the
+counterfactual change explained on held-out pairs,
+``1 - sum |intervened - counterfactual|^2 / sum |base - counterfactual|^2``
+(1: the intervention moves the output exactly to the counterfactual; 0: no better than
+leaving the base run alone; negative: worse), and the same search on a randomly
+initialised model of the same architecture as the control.
+"""
+
+import dataclasses
+import math
+
+import torch
+from jaxtyping import Bool, Float
+from tqdm.auto import tqdm
+
+from ..model import HookedVectorTransformer
+from ..model.validation import check_input, check_seed
+from ._points import block_of, capture, random_twin, resolve_points
+
+__all__ = ["AlignmentResult", "alignment_search"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignmentResult:
+    """The subspace :func:`alignment_search` found, and how well its interchange works.
+
+    Attributes:
+        hook_name: the full hook name searched.
+        position: the position patched (``None``: every position).
+        basis: ``[d, k]``, an orthonormal basis of the subspace (pass it to
+            :func:`~vecinterp.patch_subspace`).
+        fraction_explained: on the held-out pairs, ``1 - SSE(intervened, counterfactual)
+            / SSE(base, counterfactual)``, the sums over the pairs, the positions of
+            ``output_mask`` and the output coordinates.
+        train_fraction_explained: the same on the training pairs.
+        control_fraction_explained: the held-out fraction of the same search on the
+            random model (NaN without the control).
+        control_basis: the random model's subspace (``None`` without the control).
+        loss: the training loss at each evaluation (one per L-BFGS function evaluation,
+            one per Adam step): the intervened run's squared error to the counterfactual
+            over the base run's, i.e. ``1 - fraction explained`` on the pairs used.
+        n_train: training pairs.
+        n_test: held-out pairs.
+    """
+
+    hook_name: str
+    position: int | None
+    basis: Float[torch.Tensor, "d k"]
+    fraction_explained: float
+    train_fraction_explained: float
+    control_fraction_explained: float
+    control_basis: Float[torch.Tensor, "d k"] | None
+    loss: Float[torch.Tensor, " evaluations"]
+    n_train: int
+    n_test: int
+
+
+def alignment_search(
+    model: HookedVectorTransformer,
+    base_x: Float[torch.Tensor, "batch pos d_in"],
+    source_x: Float[torch.Tensor, "batch pos d_in"],
+    counterfactual: Float[torch.Tensor, "batch pos d_out"],
+    hook_name: str,
+    k: int = 1,
+    *,
+    position: int | None = None,
+    output_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
+    optimizer: str = "lbfgs",
+    steps: int = 100,
+    lr: float = 0.05,
+    batch_size: int | None = None,
+    test_fraction: float = 0.2,
+    control: bool = True,
+    control_seed: int = 0,
+    seed: int = 0,
+    progress: bool = True,
+) -> AlignmentResult:
+    """Learn a ``k``-dimensional subspace whose interchange gives the counterfactual output.
+
+    Pairs ``(base_x[i], source_x[i])`` are split into training and held-out pairs (by
+    ``seed``). The intervened run is the base run with ``a + ((s - a) Q) Q^T`` at
+    ``hook_name`` (and ``position``), ``Q = qr(A).Q``. On the training pairs, ``A``
+    minimises the intervened output's squared error to the counterfactual (summed over
+    the positions of ``output_mask`` and the output coordinates) divided by the base
+    output's: ``optimizer="lbfgs"`` (default) runs L-BFGS with a strong-Wolfe line
+    search on all training pairs for at most ``steps`` iterations; ``"adam"`` runs
+    ``steps`` steps of Adam (``lr`` with a cosine decay to ``lr / 1000``) on all training
+    pairs or ``batch_size`` drawn at random per step. The runs start at the hook's block
+    from the base's cached residual stream; only ``A`` gets gradients (the model's
+    ``.grad`` are left alone). ``A`` starts from a seeded Gaussian draw; the search is
+    not convex, so for a hard case try several seeds and keep the best training fraction.
+
+    Args:
+        model: the model (not modified).
+        base_x: the base inputs ``[batch, pos, d_in]``.
+        source_x: the source inputs, the same shape (pair ``i`` is row ``i`` of both).
+        counterfactual: ``[batch, pos, d_out]``, the output the high-level variable
+            predicts for the base with the source's value (may hold NaN outside
+            ``output_mask``).
+        hook_name: one full hook name laid out ``[batch, pos, d]`` (e.g.
+            ``"blocks.1.hook_resid_mid"``).
+        k: the subspace's dimension, in ``[1, d]``.
+        position: the position to intervene on; ``None``: every position (one subspace).
+        output_mask: the outputs that count, ``[batch, pos]`` or ``[pos]`` (default all).
+        optimizer: ``"lbfgs"`` or ``"adam"``.
+        steps: L-BFGS iterations (at most ``1.25 * steps`` evaluations) or Adam steps.
+        lr: Adam's peak learning rate (L-BFGS: unused, its line search picks steps).
+        batch_size: with Adam, pairs per step (``None``: all training pairs).
+        test_fraction: the share of pairs held out, in (0, 1).
+        control: also run the same search (same split, same start) on the architecture
+            with random weights (``init_weights(control_seed)``).
+        control_seed: seed of the random model.
+        seed: seed of the split, the starting ``A`` and the mini-batches.
+        progress: show a progress bar over the evaluations.
+
+    Returns:
+        An :class:`AlignmentResult`.
+
+    Raises:
+        ValueError: inputs of different shapes or not valid for the model; a
+            counterfactual of the wrong shape or not finite where the mask counts; a hook
+            name that is not exactly one ``[batch, pos, d]`` point; a bad ``k``,
+            ``position``, ``optimizer``, ``steps``, ``lr``, ``batch_size`` (with L-BFGS)
+            or ``test_fraction``.
+        TypeError: arguments of the wrong type.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+        >>> base, source = torch.randn(40, 5, 3), torch.randn(40, 5, 3)
+        >>> with torch.no_grad():                 # what patching the whole input gives
+        ...     counterfactual = model(source)
+        >>> found = vi.alignment_search(model, base, source, counterfactual, "hook_embed",
+        ...                             k=3, control=False, progress=False)
+        >>> found.basis.shape, found.fraction_explained > 0.99
+        (torch.Size([8, 3]), True)
+    """
+    if not isinstance(model, HookedVectorTransformer):
+        raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
+    base_x = check_input(base_x, model.cfg, model.W_E, name="base_x")
+    source_x = check_input(source_x, model.cfg, model.W_E, name="source_x")
+    if source_x.shape != base_x.shape:
+        raise ValueError(
+            f"base_x and source_x must have the same shape, got {tuple(base_x.shape)} and "
+            f"{tuple(source_x.shape)}"
+        )
+    names = resolve_points(model, hook_name, "hook_name")
+    if len(names) != 1:
+        raise ValueError(
+            f"hook_name must name one hook point (a full name such as "
+            f"'blocks.1.hook_resid_mid'), got {hook_name!r}, which names {len(names)}"
+        )
+    name = names[0]
+    batch, n_pos = base_x.shape[0], base_x.shape[1]
+    mask = _check_mask(output_mask, batch, n_pos, base_x.device)
+    cf = _check_counterfactual(counterfactual, batch, n_pos, model, mask)
+    pos = _check_position(position, n_pos)
+    how = _check_optimiser(optimizer, steps, lr, batch_size)
+    _check_test_fraction(test_fraction, batch)
+    check_seed("seed", seed)
+    check_seed("control_seed", control_seed)
+    if not isinstance(control, bool):
+        raise TypeError(f"control must be a bool, got {control!r}")
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(batch, generator=gen)
+    n_test = max(1, round(test_fraction * batch))
+    test, train = order[:n_test].sort().values, order[n_test:].sort().values
+    run = _Search(model, base_x, source_x, cf, mask, name, pos)
+    d = run.source.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+        raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
+    start = torch.randn(d, k, generator=gen, dtype=torch.float64)
+    basis, loss = run.fit(start, train, how, gen, progress)
+    control_basis, control_fraction = None, math.nan
+    if control:
+        twin = _Search(random_twin(model, control_seed), base_x, source_x, cf, mask, name, pos)
+        control_gen = torch.Generator().manual_seed(seed + 1)
+        control_basis, _ = twin.fit(start, train, how, control_gen, progress)
+        control_fraction = twin.fraction(control_basis, test)
+    return AlignmentResult(
+        hook_name=name,
+        position=pos,
+        basis=basis,
+        fraction_explained=run.fraction(basis, test),
+        train_fraction_explained=run.fraction(basis, train),
+        control_fraction_explained=control_fraction,
+        control_basis=control_basis,
+        loss=loss,
+        n_train=len(train),
+        n_test=len(test),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Optimiser:
+    optimizer: str
+    steps: int
+    lr: float
+    batch_size: int | None
+
+
+class _Search:
+    """One model's cached runs: the base residual entering the hook's block, the source
+    activations at the hook point, the base outputs."""
+
+    def __init__(
+        self,
+        model: HookedVectorTransformer,
+        base_x: torch.Tensor,
+        source_x: torch.Tensor,
+        cf: torch.Tensor,
+        mask: torch.Tensor,
+        name: str,
+        pos: int | None,
+    ) -> None:
+        self.model, self.cf, self.mask, self.name, self.pos = model, cf, mask, name, pos
+        block = block_of(name)
+        self.start = 0 if block is None else model.cfg.n_layers if block == -1 else block
+        n_pos = base_x.shape[1]
+        with torch.no_grad():
+            self.resid = model(base_x, stop_at_layer=self.start) if self.start else base_x
+            self.source = capture(
+                model, source_x, [name], range(n_pos), chunk_size=len(source_x),
+                progress=False, desc="",
+            )[name]
+            self.base_out = model(base_x)
+
+    def output(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        where = (slice(None), slice(None) if self.pos is None else self.pos)
+        source = self.source[rows]
+
+        def hook(act: torch.Tensor, hook: object) -> torch.Tensor:
+            patched = act.clone()
+            a = act[where]
+            patched[where] = a + ((source[where] - a) @ q) @ q.mT
+            return patched
+
+        resid = self.resid[rows]
+        with self.model.hooks(fwd_hooks=[(self.name, hook)]):
+            return self.model(resid, start_at_layer=self.start) if self.start else self.model(resid)
+
+    def sse(self, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        err = (out - self.cf[rows]).pow(2).sum(-1)
+        return torch.where(self.mask[rows], err, 0.0).sum()
+
+    def fit(
+        self,
+        start: torch.Tensor,
+        train: torch.Tensor,
+        how: "_Optimiser",
+        gen: torch.Generator,
+        progress: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        a = start.to(device=self.source.device, dtype=self.source.dtype).clone()
+        a.requires_grad_(True)
+        base_sse: dict[int, torch.Tensor] = {}
+        losses: list[float] = []
+
+        def loss_of(rows: torch.Tensor) -> torch.Tensor:
+            key = id(rows)
+            if key not in base_sse:
+                with torch.no_grad():
+                    base_sse[key] = self.sse(self.base_out[rows], rows).clamp_min(
+                        torch.finfo(a.dtype).tiny
+                    )
+            loss = self.sse(self.output(torch.linalg.qr(a).Q, rows), rows) / base_sse[key]
+            (grad,) = torch.autograd.grad(loss, [a])
+            a.grad = grad.contiguous()
+            losses.append(float(loss.detach()))
+            return loss.detach()
+
+        bar = tqdm(total=how.steps, desc="alignment search", disable=not progress)
+        if how.optimizer == "lbfgs":
+            opt: torch.optim.Optimizer = torch.optim.LBFGS(
+                [a], lr=1, max_iter=how.steps, line_search_fn="strong_wolfe",
+                tolerance_grad=1e-14, tolerance_change=1e-16, history_size=20,
+            )
+
+            def closure() -> torch.Tensor:
+                bar.update(1)
+                return loss_of(train)
+
+            opt.step(closure)  # type: ignore[no-untyped-call]
+        else:
+            opt = torch.optim.Adam([a], lr=how.lr)
+            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+                opt, how.steps, eta_min=how.lr / 1000
+            )
+            for _ in range(how.steps):
+                rows = train
+                if how.batch_size is not None and how.batch_size < len(train):
+                    rows = train[torch.randperm(len(train), generator=gen)[: how.batch_size]]
+                    base_sse.clear()
+                loss_of(rows)
+                opt.step()
+                schedule.step()
+                bar.update(1)
+        bar.close()
+        with torch.no_grad():
+            basis = torch.linalg.qr(a).Q
+        return basis.detach(), torch.tensor(losses, dtype=torch.float64)
+
+    def fraction(self, basis: torch.Tensor, rows: torch.Tensor) -> float:
+        with torch.no_grad():
+            sse = self.sse(self.output(basis, rows), rows)
+            base = self.sse(self.base_out[rows], rows)
+        return float(1 - sse / base) if float(base) > 0 else math.nan
+
+
+def _check_mask(mask: object, batch: int, n_pos: int, device: torch.device) -> torch.Tensor:
+    if mask is None:
+        return torch.ones(batch, n_pos, dtype=torch.bool, device=device)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"output_mask must be a bool tensor [batch, pos] or [pos], got {mask!r:.60}")
+    if tuple(mask.shape) not in ((batch, n_pos), (n_pos,)):
+        raise ValueError(
+            f"output_mask must be [batch={batch}, pos={n_pos}] or [pos={n_pos}], got "
+            f"{tuple(mask.shape)}"
+        )
+    if not mask.any():
+        raise ValueError("output_mask selects no output")
+    return mask.to(device).expand(batch, n_pos)
+
+
+def _check_counterfactual(
+    cf: object, batch: int, n_pos: int, model: HookedVectorTransformer, mask: torch.Tensor
+) -> torch.Tensor:
+    shape = (batch, n_pos, model.cfg.d_out)
+    if not isinstance(cf, torch.Tensor) or not cf.is_floating_point():
+        raise TypeError(f"counterfactual must be a float tensor {shape}, got {cf!r:.60}")
+    if tuple(cf.shape) != shape:
+        raise ValueError(
+            f"counterfactual must be [batch, pos, d_out] = {shape}, got {tuple(cf.shape)}"
+        )
+    cf = cf.detach().to(device=model.W_E.device, dtype=model.W_E.dtype)
+    if not cf[mask].isfinite().all():
+        raise ValueError("counterfactual must be finite at the positions output_mask selects")
+    return cf.nan_to_num(0.0)
+
+
+def _check_position(position: object, n_pos: int) -> int | None:
+    if position is None:
+        return None
+    if isinstance(position, bool) or not isinstance(position, int) or not -n_pos <= position < n_pos:
+        raise ValueError(
+            f"position must be None or an int in [{-n_pos}, {n_pos - 1}], got {position!r}"
+        )
+    return position % n_pos
+
+
+def _check_optimiser(
+    optimizer: object, steps: object, lr: object, batch_size: object
+) -> _Optimiser:
+    if optimizer not in ("lbfgs", "adam"):
+        raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not isinstance(lr, float | int) or isinstance(lr, bool) or not 0 < lr < math.inf:
+        raise ValueError(f"lr must be a positive float, got {lr!r}")
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    if batch_size is not None and optimizer == "lbfgs":
+        raise ValueError(
+            "batch_size is for optimizer='adam'; L-BFGS uses every training pair in each "
+            "evaluation (leave batch_size=None, or pass optimizer='adam')"
+        )
+    return _Optimiser(str(optimizer), steps, float(lr), batch_size)
+
+
+def _check_test_fraction(test_fraction: object, batch: int) -> None:
+    if not isinstance(test_fraction, float | int) or not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    n_test = max(1, round(test_fraction * batch))
+    if batch - n_test < 1:
+        raise ValueError(
+            f"{batch} pairs with test_fraction={test_fraction} leave none to train on"
+        )
