@@ -6,7 +6,8 @@ counterfactual: e.g. "the base's recurrence with the source's ``c``"), search fo
 ``k``-dimensional subspace at one hook point whose interchange (the source's component
 in it patched into the base run, :func:`~vecinterp.subspace_patch_hook`) moves the
 model's output to the counterfactual. The subspace is ``span(Q)`` with ``Q =
-qr(A).Q`` for a free ``[d, k]`` matrix ``A`` trained (L-BFGS, or Adam on mini-batches) on
+U qr(A).Q`` for a free ``[r, k]`` matrix ``A`` (``U``: an orthonormal basis of the ``r``
+dimensions in which source and base activations differ) trained (L-BFGS, or Adam on mini-batches) on
 the squared error between the intervened output and the counterfactual.
 
 This is distributed alignment search (DAS) of Atticus Geiger, Zhengxuan Wu, Christopher
@@ -101,7 +102,12 @@ def alignment_search(
     ``steps`` steps of Adam (``lr`` with a cosine decay to ``lr / 1000``) on all training
     pairs or ``batch_size`` drawn at random per step. The runs start at the hook's block
     from the base's cached residual stream; only ``A`` gets gradients (the model's
-    ``.grad`` are left alone). ``A`` starts from a seeded Gaussian draw; the search is
+    ``.grad`` are left alone). The subspace is searched within the span of the
+    source-minus-base differences of the activation at the intervened position(s) over
+    the training pairs (``Q = U qr(A).Q``, ``U`` an orthonormal basis of that span):
+    a direction in which no pair differs changes no interchange, so no interchange can
+    identify it, and leaving it out keeps the search well posed (e.g. a positional
+    direction, constant across sequences). ``A`` starts from a seeded Gaussian draw; the search is
     not convex, so for a hard case try several seeds and keep the best training fraction.
 
     Args:
@@ -184,13 +190,11 @@ def alignment_search(
     d = run.source.shape[-1]
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
         raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
-    start = torch.randn(d, k, generator=gen, dtype=torch.float64)
-    basis, loss = run.fit(start, train, how, gen, progress)
+    basis, loss = run.fit(k, train, how, seed, progress)
     control_basis, control_fraction = None, math.nan
     if control:
         twin = _Search(random_twin(model, control_seed), base_x, source_x, cf, mask, name, pos)
-        control_gen = torch.Generator().manual_seed(seed + 1)
-        control_basis, _ = twin.fit(start, train, how, control_gen, progress)
+        control_basis, _ = twin.fit(k, train, how, seed, progress)
         control_fraction = twin.fraction(control_basis, test)
     return AlignmentResult(
         hook_name=name,
@@ -234,11 +238,29 @@ class _Search:
         n_pos = base_x.shape[1]
         with torch.no_grad():
             self.resid = model(base_x, stop_at_layer=self.start) if self.start else base_x
-            self.source = capture(
-                model, source_x, [name], range(n_pos), chunk_size=len(source_x),
-                progress=False, desc="",
-            )[name]
+            self.source, base = (
+                capture(model, x, [name], range(n_pos), chunk_size=len(x), progress=False,
+                        desc="")[name]
+                for x in (source_x, base_x)
+            )
+            self.diff = self.source - base
             self.base_out = model(base_x)
+
+    def span(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """``[d, r]``: an orthonormal basis of the span of the source-minus-base
+        differences at the intervened position(s) over the pairs ``rows``."""
+        diff = self.diff[rows] if self.pos is None else self.diff[rows, self.pos]
+        diff = diff.reshape(-1, diff.shape[-1]).to(torch.float64)
+        _, s, vh = torch.linalg.svd(diff, full_matrices=False)
+        tol = max(diff.shape) * torch.finfo(self.diff.dtype).eps * float(s.max())
+        rank = int((s > tol).sum()) if float(s.max()) > 0 else 0
+        if rank < k:
+            raise ValueError(
+                f"at {self.name!r} the source and base activations differ in a space of "
+                f"dimension {rank} only (over the training pairs), so no {k}-dimensional "
+                "subspace can be identified; lower k or use pairs that differ more"
+            )
+        return vh[:rank].T.to(self.source.dtype)
 
     def output(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         where = (slice(None), slice(None) if self.pos is None else self.pos)
@@ -259,15 +281,13 @@ class _Search:
         return torch.where(self.mask[rows], err, 0.0).sum()
 
     def fit(
-        self,
-        start: torch.Tensor,
-        train: torch.Tensor,
-        how: "_Optimiser",
-        gen: torch.Generator,
-        progress: bool,
+        self, k: int, train: torch.Tensor, how: "_Optimiser", seed: int, progress: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        a = start.to(device=self.source.device, dtype=self.source.dtype).clone()
-        a.requires_grad_(True)
+        """The basis ``[d, k]`` found, and the loss at each evaluation."""
+        span = self.span(train, k)
+        gen = torch.Generator().manual_seed(seed)
+        start = torch.randn(span.shape[1], k, generator=gen, dtype=torch.float64)
+        a = start.to(device=span.device, dtype=span.dtype).requires_grad_(True)
         base_sse: dict[int, torch.Tensor] = {}
         losses: list[float] = []
 
@@ -278,7 +298,8 @@ class _Search:
                     base_sse[key] = self.sse(self.base_out[rows], rows).clamp_min(
                         torch.finfo(a.dtype).tiny
                     )
-            loss = self.sse(self.output(torch.linalg.qr(a).Q, rows), rows) / base_sse[key]
+            q = span @ torch.linalg.qr(a).Q
+            loss = self.sse(self.output(q, rows), rows) / base_sse[key]
             (grad,) = torch.autograd.grad(loss, [a])
             a.grad = grad.contiguous()
             losses.append(float(loss.detach()))
@@ -312,7 +333,7 @@ class _Search:
                 bar.update(1)
         bar.close()
         with torch.no_grad():
-            basis = torch.linalg.qr(a).Q
+            basis = span @ torch.linalg.qr(a).Q
         return basis.detach(), torch.tensor(losses, dtype=torch.float64)
 
     def fraction(self, basis: torch.Tensor, rows: torch.Tensor) -> float:
