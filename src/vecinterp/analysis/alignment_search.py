@@ -54,8 +54,7 @@ class AlignmentResult:
         loss: the training loss at each evaluation (one per L-BFGS function evaluation,
             one per Adam step): the intervened run's squared error to the counterfactual
             over the base run's, i.e. ``1 - fraction explained`` on the pairs used.
-        n_train: training pairs.
-        n_test: held-out pairs.
+        test_pairs: ``[n_test]``, the indices of the held-out pairs (the others trained).
     """
 
     hook_name: str
@@ -66,8 +65,7 @@ class AlignmentResult:
     control_fraction_explained: float
     control_basis: Float[torch.Tensor, "d k"] | None
     loss: Float[torch.Tensor, " evaluations"]
-    n_train: int
-    n_test: int
+    test_pairs: torch.Tensor
 
 
 def alignment_search(
@@ -205,8 +203,7 @@ def alignment_search(
         control_fraction_explained=control_fraction,
         control_basis=control_basis,
         loss=loss,
-        n_train=len(train),
-        n_test=len(test),
+        test_pairs=test,
     )
 
 
