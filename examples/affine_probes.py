@@ -154,8 +154,16 @@ def main(argv: list[str] | None = None) -> dict:
     mask[args.das_pos] = True
     das = {
         v: vi.alignment_search(
-            model, das_base.inputs, das_source.inputs, das_cf[v], args.das_point, k,
-            position=args.das_pos, output_mask=mask, steps=args.das_steps, progress=progress,
+            model,
+            das_base.inputs,
+            das_source.inputs,
+            das_cf[v],
+            args.das_point,
+            k,
+            position=args.das_pos,
+            output_mask=mask,
+            steps=args.das_steps,
+            progress=progress,
         )
         for v, k in (("c", 1), ("d", ar.DEFAULT_DIM))
     }
@@ -181,22 +189,36 @@ def headline(probes: dict, swaps: dict, das: dict, args: argparse.Namespace) -> 
         i, j = divmod(int(r2.nan_to_num(-1e9).argmax()), len(scored))
         t = scored[j]
         entry = {
-            "best": dict(point=POINTS[i], pos=t, r2=float(r.r2[i, t]),
-                         ci=[float(r.r2_low[i, t]), float(r.r2_high[i, t])],
-                         control_r2=float(r.control_r2[i, t]),
-                         shuffled_r2=float(r.shuffled_r2[i, t])),
+            "best": dict(
+                point=POINTS[i],
+                pos=t,
+                r2=float(r.r2[i, t]),
+                ci=[float(r.r2_low[i, t]), float(r.r2_high[i, t])],
+                control_r2=float(r.control_r2[i, t]),
+                shuffled_r2=float(r.shuffled_r2[i, t]),
+            ),
             "median_r2_by_point": dict(zip(LABELS, r2.nanmedian(1).values.tolist(), strict=True)),
             "median_selectivity_by_point": dict(
                 zip(LABELS, r.selectivity[:, scored].nanmedian(1).values.tolist(), strict=True)
             ),
         }
-        print(f"\n{v}: best at {POINTS[i]} position {t}: R² {r.r2[i, t]:.3f} "
-              f"[{r.r2_low[i, t]:.3f}, {r.r2_high[i, t]:.3f}], random model "
-              f"{r.control_r2[i, t]:.3f}, shuffled {r.shuffled_r2[i, t]:.3f}")
-        print("  median over positions 2..13 by point (R² / selectivity):  " + "  ".join(
-            f"{lab} {a:.2f}/{s:.2f}" for lab, a, s in zip(
-                LABELS, r2.nanmedian(1).values, r.selectivity[:, scored].nanmedian(1).values,
-                strict=True)))
+        print(
+            f"\n{v}: best at {POINTS[i]} position {t}: R² {r.r2[i, t]:.3f} "
+            f"[{r.r2_low[i, t]:.3f}, {r.r2_high[i, t]:.3f}], random model "
+            f"{r.control_r2[i, t]:.3f}, shuffled {r.shuffled_r2[i, t]:.3f}"
+        )
+        print(
+            "  median over positions 2..13 by point (R² / selectivity):  "
+            + "  ".join(
+                f"{lab} {a:.2f}/{s:.2f}"
+                for lab, a, s in zip(
+                    LABELS,
+                    r2.nanmedian(1).values,
+                    r.selectivity[:, scored].nanmedian(1).values,
+                    strict=True,
+                )
+            )
+        )
         if v in swaps:
             s = swaps[v][:, args.swap_positions]
             k, m = divmod(int(s.argmax()), len(args.swap_positions))
@@ -204,23 +226,33 @@ def headline(probes: dict, swaps: dict, das: dict, args: argparse.Namespace) -> 
                 median_by_point=dict(zip(LABELS, s.nanmedian(1).values.tolist(), strict=True)),
                 best=dict(point=POINTS[k], pos=args.swap_positions[m], fraction=float(s[k, m])),
             )
-            print(f"  swapping its probe subspace: median fraction of the counterfactual change "
-                  "by point: " + "  ".join(f"{lab} {f:.2f}" for lab, f in zip(
-                      LABELS, s.nanmedian(1).values, strict=True))
-                  + f"; best {s[k, m]:.3f} at {POINTS[k]} position {args.swap_positions[m]}")
+            print(
+                "  swapping its probe subspace: median fraction of the counterfactual change "
+                "by point: "
+                + "  ".join(
+                    f"{lab} {f:.2f}" for lab, f in zip(LABELS, s.nanmedian(1).values, strict=True)
+                )
+                + f"; best {s[k, m]:.3f} at {POINTS[k]} position {args.swap_positions[m]}"
+            )
             found = das[v]
             i_das = POINTS.index(found.hook_name) if found.hook_name in POINTS else None
-            probe_there = (float(swaps[v][i_das, args.das_pos]) if i_das is not None
-                           else float("nan"))
-            entry["alignment_search"] = dict(
-                point=found.hook_name, pos=args.das_pos, k=found.basis.shape[1],
-                fraction=found.fraction_explained,
-                random_model=found.control_fraction_explained, probe_subspace=probe_there,
+            probe_there = (
+                float(swaps[v][i_das, args.das_pos]) if i_das is not None else float("nan")
             )
-            print(f"  alignment search (k={found.basis.shape[1]}) at {found.hook_name} position "
-                  f"{args.das_pos}: held-out fraction {found.fraction_explained:.3f} (random "
-                  f"model {found.control_fraction_explained:.3f}; probe subspace there "
-                  f"{probe_there:.3f})")
+            entry["alignment_search"] = dict(
+                point=found.hook_name,
+                pos=args.das_pos,
+                k=found.basis.shape[1],
+                fraction=found.fraction_explained,
+                random_model=found.control_fraction_explained,
+                probe_subspace=probe_there,
+            )
+            print(
+                f"  alignment search (k={found.basis.shape[1]}) at {found.hook_name} position "
+                f"{args.das_pos}: held-out fraction {found.fraction_explained:.3f} (random "
+                f"model {found.control_fraction_explained:.3f}; probe subspace there "
+                f"{probe_there:.3f})"
+            )
         summary["variables"][v] = entry
     return summary
 
@@ -234,10 +266,18 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
     fig, axes = plt.subplots(3, 3, figsize=(13, 10), constrained_layout=True)
     rows = [
         ("held-out R² of a linear probe", {v: probes[v].r2 for v in probes}, (0, 1), "viridis"),
-        ("selectivity: R² − R² of the same probe on a random model",
-         {v: probes[v].selectivity for v in probes}, (-1, 1), "RdBu_r"),
-        ("swap of the probe subspace: fraction of the counterfactual change",
-         dict(swaps), (-1, 1), "RdBu_r"),
+        (
+            "selectivity: R² − R² of the same probe on a random model",
+            {v: probes[v].selectivity for v in probes},
+            (-1, 1),
+            "RdBu_r",
+        ),
+        (
+            "swap of the probe subspace: fraction of the counterfactual change",
+            dict(swaps),
+            (-1, 1),
+            "RdBu_r",
+        ),
     ]
     names = {"c": "c", "d": "d", "a_prev": "a_{t-1} at position t"}
     for r, (title, maps, (lo, hi), cmap) in enumerate(rows):
@@ -246,8 +286,15 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
             if v not in maps:
                 ax.axis("off")
                 if r == 2:
-                    ax.text(0, 0.5, das_text(das, args), fontsize=9, va="center",
-                            family="monospace", transform=ax.transAxes)
+                    ax.text(
+                        0,
+                        0.5,
+                        das_text(das, args),
+                        fontsize=9,
+                        va="center",
+                        family="monospace",
+                        transform=ax.transAxes,
+                    )
                 continue
             im = ax.imshow(maps[v].numpy(), vmin=lo, vmax=hi, cmap=cmap, aspect="auto")
             ax.set_yticks(range(len(LABELS)), LABELS)
@@ -258,7 +305,8 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
         "Affine recurrence, shipped model: where c, d and a_{t-1} are linearly decodable "
         "(rows 1-2, residual points in depth order × position)\nand whether swapping the "
         "probe's subspace from another sequence moves the prediction as the recurrence "
-        "says (row 3)", fontsize=11,
+        "says (row 3)",
+        fontsize=11,
     )
     return fig
 
@@ -266,8 +314,9 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
 def das_text(das: dict, args: argparse.Namespace) -> str:
     lines = [f"alignment search at\n{args.das_point}, position {args.das_pos}", ""]
     for v, found in das.items():
-        lines.append(f"{v} (k={found.basis.shape[1]}): held-out fraction "
-                     f"{found.fraction_explained:.3f}")
+        lines.append(
+            f"{v} (k={found.basis.shape[1]}): held-out fraction {found.fraction_explained:.3f}"
+        )
         lines.append(f"   random model: {found.control_fraction_explained:.3f}")
     return "\n".join(lines)
 

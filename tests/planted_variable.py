@@ -37,8 +37,16 @@ def rotation(seed: int = 0) -> torch.Tensor:
 def planted_model(seed: int = 0) -> tuple[vi.HookedVectorTransformer, torch.Tensor]:
     """The model and the planted direction of ``V`` in the residual stream, ``[8]``."""
     cfg = vi.VectorTransformerConfig(
-        d_in=3, d_out=1, d_model=8, d_head=2, n_heads=1, n_layers=2, n_ctx=N_CTX,
-        attn_only=True, normalization=None, positional="learned",
+        d_in=3,
+        d_out=1,
+        d_model=8,
+        d_head=2,
+        n_heads=1,
+        n_layers=2,
+        n_ctx=N_CTX,
+        attn_only=True,
+        normalization=None,
+        positional="learned",
     )
     model = vi.HookedVectorTransformer(cfg, seed=seed, dtype=torch.float64)
     r = rotation(seed)

@@ -21,8 +21,16 @@ def planted():
     mask = torch.zeros(6, dtype=torch.bool)
     mask[POS] = True
     found = vi.alignment_search(
-        model, base, source, counterfactual, "blocks.0.hook_resid_post", 1, position=POS,
-        output_mask=mask, steps=40, progress=False,
+        model,
+        base,
+        source,
+        counterfactual,
+        "blocks.0.hook_resid_post",
+        1,
+        position=POS,
+        output_mask=mask,
+        steps=40,
+        progress=False,
     )
     return model, direction, base, source, counterfactual, mask, found
 
@@ -47,18 +55,34 @@ def test_fraction_explained_agrees_with_patch_subspace(planted):
     def sse(y):
         return (y[:, POS] - cf).pow(2).sum()
 
-    patched = vi.patch_subspace(model, source[test], base[test], sse, found.hook_name,
-                                found.basis, progress=False)[POS]
+    patched = vi.patch_subspace(
+        model, source[test], base[test], sse, found.hook_name, found.basis, progress=False
+    )[POS]
     expected = 1 - patched / sse(model(base[test]))
-    torch.testing.assert_close(torch.tensor(found.fraction_explained, dtype=torch.float64),
-                               expected.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        torch.tensor(found.fraction_explained, dtype=torch.float64),
+        expected.detach(),
+        rtol=1e-9,
+        atol=1e-12,
+    )
 
 
 def test_model_is_left_untouched(planted):
     model, _, base, source, counterfactual, mask, _ = planted
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    vi.alignment_search(model, base, source, counterfactual, "blocks.0.hook_resid_post", 1,
-                        position=POS, output_mask=mask, steps=3, control=False, progress=False)
+    vi.alignment_search(
+        model,
+        base,
+        source,
+        counterfactual,
+        "blocks.0.hook_resid_post",
+        1,
+        position=POS,
+        output_mask=mask,
+        steps=3,
+        control=False,
+        progress=False,
+    )
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -66,9 +90,20 @@ def test_model_is_left_untouched(planted):
 def test_adam_finds_it_too(planted):
     model, direction, base, source, counterfactual, mask, _ = planted
     found = vi.alignment_search(
-        model, base, source, counterfactual, "blocks.0.hook_resid_post", 1, position=POS,
-        output_mask=mask, optimizer="adam", steps=150, lr=0.05, batch_size=48,
-        control=False, progress=False,
+        model,
+        base,
+        source,
+        counterfactual,
+        "blocks.0.hook_resid_post",
+        1,
+        position=POS,
+        output_mask=mask,
+        optimizer="adam",
+        steps=150,
+        lr=0.05,
+        batch_size=48,
+        control=False,
+        progress=False,
     )
     assert found.fraction_explained > 0.99
     assert float(sin_principal_angles(found.basis, direction[:, None]).max()) < 0.1
@@ -90,10 +125,24 @@ def test_adam_finds_it_too(planted):
 )
 def test_bad_arguments(planted, kwargs, error, match):
     model, _, base, source, counterfactual, mask, _ = planted
-    args = dict(hook_name="blocks.0.hook_resid_post", k=1, counterfactual=counterfactual,
-                position=POS, output_mask=mask)
+    args = dict(
+        hook_name="blocks.0.hook_resid_post",
+        k=1,
+        counterfactual=counterfactual,
+        position=POS,
+        output_mask=mask,
+    )
     args.update(kwargs)
     with pytest.raises(error, match=match):
-        vi.alignment_search(model, base, source, args.pop("counterfactual"),
-                            args.pop("hook_name"), args.pop("k"), steps=2, control=False,
-                            progress=False, **args)
+        vi.alignment_search(
+            model,
+            base,
+            source,
+            args.pop("counterfactual"),
+            args.pop("hook_name"),
+            args.pop("k"),
+            steps=2,
+            control=False,
+            progress=False,
+            **args,
+        )

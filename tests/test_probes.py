@@ -70,7 +70,9 @@ def test_ridge_matches_brute_force_cross_validation():
             rows = torch.repeat_interleave(torch.arange(len(test)), counts.long())
             yy, pp = y[p, test][rows], pred[rows]
             r2_b.append(1 - (yy - pp).pow(2).sum() / (yy - yy.mean(0)).pow(2).sum())
-        low, high = torch.quantile(torch.stack(r2_b), torch.tensor([0.05, 0.95], dtype=torch.float64))
+        low, high = torch.quantile(
+            torch.stack(r2_b), torch.tensor([0.05, 0.95], dtype=torch.float64)
+        )
         torch.testing.assert_close(fit.r2_low[p], low, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(fit.r2_high[p], high, rtol=1e-10, atol=1e-12)
 
@@ -140,8 +142,13 @@ def test_random_model_selectivity_is_zero():
 def test_batched_positions_equal_one_position_at_a_time(planted):
     model, _, x, probes = planted
     alone = vi.fit_probes(
-        model, x, {"v": x[:, 0, 0]}, "blocks.0.hook_resid_pre", positions=[2],
-        controls=(), progress=False,
+        model,
+        x,
+        {"v": x[:, 0, 0]},
+        "blocks.0.hook_resid_pre",
+        positions=[2],
+        controls=(),
+        progress=False,
     )["v"]
     torch.testing.assert_close(alone.r2[0, 0], probes["v"].r2[0, 2], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(alone.weight[0, 0], probes["v"].weight[0, 2], rtol=1e-9, atol=1e-12)
@@ -152,8 +159,9 @@ def test_per_position_nan_marks_undefined_cells(planted):
     model, _, x, _ = planted
     prev = torch.full_like(x, torch.nan)
     prev[:, 1:] = x[:, :-1]
-    probes = vi.fit_probes(model, x, {"prev": prev}, "blocks.0.hook_resid_post",
-                           controls=(), progress=False)["prev"]
+    probes = vi.fit_probes(
+        model, x, {"prev": prev}, "blocks.0.hook_resid_post", controls=(), progress=False
+    )["prev"]
     assert probes.r2[0, 0].isnan() and probes.weight[0, 0].isnan().all()
     assert not probes.r2[0, 1:].isnan().any()
 

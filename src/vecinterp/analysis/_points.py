@@ -108,7 +108,6 @@ def capture(
     return {name: torch.cat(parts[name]) for name in names}
 
 
-
 def random_twin(model: HookedVectorTransformer, seed: int) -> HookedVectorTransformer:
     """The control of the probes and the alignment search: ``model``'s architecture (its
     config) with freshly initialised weights (``init_weights(seed)``), on its device and

@@ -32,9 +32,7 @@ class Split:
     """``[n_bootstrap, n_test]``: how often each held-out sequence is drawn in each resample."""
 
 
-def make_split(
-    n: int, test_fraction: float, n_folds: int, n_bootstrap: int, seed: int
-) -> Split:
+def make_split(n: int, test_fraction: float, n_folds: int, n_bootstrap: int, seed: int) -> Split:
     """A random split of ``n`` sequences, seeded; every fold and the test set non-empty."""
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=gen)
@@ -133,7 +131,9 @@ class RidgeCV:
         weight = self.v_all @ (inv_all[..., None] * (self.v_all.mT @ cc_all))  # [P, d, k]
         pred = (self.x_test - self.mux_all[:, None]) @ weight + (nu0 + muy_all)[:, None]
         y_test = y[:, split.test]
-        return _score(y_test, pred, weight, nu0 + muy_all, self.mu0 + self.mux_all, alpha, split, ci)
+        return _score(
+            y_test, pred, weight, nu0 + muy_all, self.mu0 + self.mux_all, alpha, split, ci
+        )
 
 
 def _score(

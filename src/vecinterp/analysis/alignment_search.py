@@ -55,6 +55,19 @@ class AlignmentResult:
             one per Adam step): the intervened run's squared error to the counterfactual
             over the base run's, i.e. ``1 - fraction explained`` on the pairs used.
         test_pairs: ``[n_test]``, the indices of the held-out pairs (the others trained).
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> base, source = torch.randn(30, 4, 3), torch.randn(30, 4, 3)
+        >>> with torch.no_grad():
+        ...     counterfactual = model(source)
+        >>> found = vi.alignment_search(model, base, source, counterfactual,
+        ...                             "blocks.0.hook_resid_post", k=2, steps=5,
+        ...                             progress=False)
+        >>> found.basis.shape, found.hook_name, found.position, found.test_pairs.shape
+        (torch.Size([8, 2]), 'blocks.0.hook_resid_post', None, torch.Size([6]))
     """
 
     hook_name: str
@@ -236,8 +249,9 @@ class _Search:
         with torch.no_grad():
             self.resid = model(base_x, stop_at_layer=self.start) if self.start else base_x
             self.source, base = (
-                capture(model, x, [name], range(n_pos), chunk_size=len(x), progress=False,
-                        desc="")[name]
+                capture(model, x, [name], range(n_pos), chunk_size=len(x), progress=False, desc="")[
+                    name
+                ]
                 for x in (source_x, base_x)
             )
             self.diff = self.source - base
@@ -305,15 +319,20 @@ class _Search:
         bar = tqdm(total=how.steps, desc="alignment search", disable=not progress)
         if how.optimizer == "lbfgs":
             opt: torch.optim.Optimizer = torch.optim.LBFGS(
-                [a], lr=1, max_iter=how.steps, line_search_fn="strong_wolfe",
-                tolerance_grad=1e-14, tolerance_change=1e-16, history_size=20,
+                [a],
+                lr=1,
+                max_iter=how.steps,
+                line_search_fn="strong_wolfe",
+                tolerance_grad=1e-14,
+                tolerance_change=1e-16,
+                history_size=20,
             )
 
-            def closure() -> torch.Tensor:
+            def closure() -> float:
                 bar.update(1)
-                return loss_of(train)
+                return float(loss_of(train))
 
-            opt.step(closure)  # type: ignore[no-untyped-call]
+            opt.step(closure)
         else:
             opt = torch.optim.Adam([a], lr=how.lr)
             schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
@@ -344,7 +363,9 @@ def _check_mask(mask: object, batch: int, n_pos: int, device: torch.device) -> t
     if mask is None:
         return torch.ones(batch, n_pos, dtype=torch.bool, device=device)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"output_mask must be a bool tensor [batch, pos] or [pos], got {mask!r:.60}")
+        raise TypeError(
+            f"output_mask must be a bool tensor [batch, pos] or [pos], got {mask!r:.60}"
+        )
     if tuple(mask.shape) not in ((batch, n_pos), (n_pos,)):
         raise ValueError(
             f"output_mask must be [batch={batch}, pos={n_pos}] or [pos={n_pos}], got "
@@ -374,7 +395,11 @@ def _check_counterfactual(
 def _check_position(position: object, n_pos: int) -> int | None:
     if position is None:
         return None
-    if isinstance(position, bool) or not isinstance(position, int) or not -n_pos <= position < n_pos:
+    if (
+        isinstance(position, bool)
+        or not isinstance(position, int)
+        or not -n_pos <= position < n_pos
+    ):
         raise ValueError(
             f"position must be None or an int in [{-n_pos}, {n_pos - 1}], got {position!r}"
         )
@@ -407,6 +432,4 @@ def _check_test_fraction(test_fraction: object, batch: int) -> None:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     n_test = max(1, round(test_fraction * batch))
     if batch - n_test < 1:
-        raise ValueError(
-            f"{batch} pairs with test_fraction={test_fraction} leave none to train on"
-        )
+        raise ValueError(f"{batch} pairs with test_fraction={test_fraction} leave none to train on")

@@ -63,6 +63,20 @@ class ProbeResult:
         bias: ``[point, pos, k]``.
         n_train: training sequences (cross-validated in ``n_folds`` folds).
         n_test: held-out sequences, which every R² is computed on.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
+        >>> x = torch.randn(200, 4, 3)
+        >>> probe = vi.fit_probes(model, x, {"x0": x[:, 0, 0]}, "blocks.0.hook_resid_pre",
+        ...                       n_bootstrap=20, progress=False)["x0"]
+        >>> probe.hook_names, probe.positions
+        (('blocks.0.hook_resid_pre',), (0, 1, 2, 3))
+        >>> bool(probe.r2[0, 0] > 0.99), bool(probe.r2[0, 3] < 0.1)  # only at position 0
+        (True, True)
+        >>> probe.weight.shape                 # [point, pos, d_model, k]
+        torch.Size([1, 4, 8, 1])
     """
 
     target: str
@@ -206,13 +220,12 @@ def fit_probes(
             net, x, names, pos, chunk_size=chunk_size, progress=progress, desc=f"capture {label}"
         )
         shuffled = label == "model" and "shuffled" in wanted
-        fits = _solve(acts, names, ys, split, alpha_grid, ci, shuffle if shuffled else None,
-                      progress, label)
+        fits = _solve(
+            acts, names, ys, split, alpha_grid, ci, shuffle if shuffled else None, progress, label
+        )
         for key, value in fits.items():
             runs.setdefault(key, {})[label] = value
-    return {
-        name: _result(name, names, pos, runs, undefined[name], split) for name in named
-    }
+    return {name: _result(name, names, pos, runs, undefined[name], split) for name in named}
 
 
 def _solve(
@@ -250,7 +263,9 @@ def _solve(
 def _concat(fits: list[RidgeFit]) -> RidgeFit:
     if len(fits) == 1:
         return fits[0]
-    fields = {f.name: torch.cat([getattr(r, f.name) for r in fits]) for f in dataclasses.fields(RidgeFit)}
+    fields = {
+        f.name: torch.cat([getattr(r, f.name) for r in fits]) for f in dataclasses.fields(RidgeFit)
+    }
     return RidgeFit(**fields)
 
 
@@ -290,9 +305,7 @@ def _result(
     )
 
 
-def _check_targets(
-    targets: object, batch: int, n_pos: int
-) -> dict[str, torch.Tensor]:
+def _check_targets(targets: object, batch: int, n_pos: int) -> dict[str, torch.Tensor]:
     if isinstance(targets, torch.Tensor):
         targets = {"target": targets}
     if not isinstance(targets, Mapping) or not targets:
@@ -341,7 +354,9 @@ def _check_positions(positions: object, n_pos: int) -> list[int]:
     if positions is None:
         return list(range(n_pos))
     if not isinstance(positions, Sequence) or not positions:
-        raise TypeError(f"positions must be a non-empty sequence of ints or None, got {positions!r}")
+        raise TypeError(
+            f"positions must be a non-empty sequence of ints or None, got {positions!r}"
+        )
     out = []
     for p in positions:
         if isinstance(p, bool) or not isinstance(p, int) or not -n_pos <= p < n_pos:
@@ -367,7 +382,7 @@ def _check_controls(controls: object) -> set[str]:
 def _check_alphas(alphas: object) -> torch.Tensor:
     if not isinstance(alphas, Sequence) or not alphas:
         raise TypeError(f"alphas must be a non-empty sequence of positive floats, got {alphas!r}")
-    values = torch.tensor([float(a) for a in alphas], dtype=torch.float64)  # type: ignore[arg-type]
+    values = torch.tensor([float(a) for a in alphas], dtype=torch.float64)
     if not (values.isfinite() & (values > 0)).all():
         raise ValueError(f"alphas must be positive and finite, got {list(alphas)!r}")
     return values

@@ -122,7 +122,9 @@ def subspace_patch_hook(
                 f"{tuple(activation.shape)}"
             )
         patched = activation.clone()
-        patched[where] = _project_in(activation[where], source_activation[where].to(activation), q.to(activation))
+        patched[where] = _project_in(
+            activation[where], source_activation[where].to(activation), q.to(activation)
+        )
         return patched
 
     return hook
@@ -210,17 +212,18 @@ def patch_subspace(
     names = resolve_points(model, hook_name, "hook_name")
     layered = not ("." in hook_name or hook_name.startswith("hook_"))
     batch, n_pos = source_x.shape[0], source_x.shape[1]
-    cells: list[tuple[int | slice, ...]] = [(p,) for p in range(n_pos)] if by == "layer_pos" else [()]
+    cells: list[tuple[int | slice, ...]] = (
+        [(p,) for p in range(n_pos)] if by == "layer_pos" else [()]
+    )
     cell_shape = ((len(names),) if layered else ()) + ((n_pos,) if by == "layer_pos" else ())
     with torch.no_grad():
-        source = capture(model, source_x, names, range(n_pos), chunk_size=batch,
-                         progress=False, desc="")
+        source = capture(
+            model, source_x, names, range(n_pos), chunk_size=batch, progress=False, desc=""
+        )
         d = source[names[0]].shape[-1]
         bases = _per_cell(subspace, cell_shape, d).reshape(len(names), len(cells), d, -1)
         k_max = max(1, _AUTO_SEQUENCES // batch) if chunk_size is None else chunk_size
-        passes = [
-            (i, start) for i in range(len(names)) for start in range(0, len(cells), k_max)
-        ]
+        passes = [(i, start) for i in range(len(names)) for start in range(0, len(cells), k_max)]
         values: list[torch.Tensor] = []
         resid: dict[int, torch.Tensor] = {}
         for i, start in tqdm(passes, desc="subspace patching", disable=not progress):
@@ -230,8 +233,14 @@ def patch_subspace(
                 resid[layer] = model(base_x, stop_at_layer=layer) if layer else base_x
             chunk = list(range(start, min(start + k_max, len(cells))))
             values += _pass(
-                model, resid[layer], layer, metric, name, source[name],
-                [cells[c] for c in chunk], bases[i, chunk],
+                model,
+                resid[layer],
+                layer,
+                metric,
+                name,
+                source[name],
+                [cells[c] for c in chunk],
+                bases[i, chunk],
             )
     result = torch.stack(values).reshape(cell_shape)
     return result
