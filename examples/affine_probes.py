@@ -21,7 +21,7 @@ script asks, on the shipped model:
 
 Run::
 
-    python examples/affine_probes.py              # the shipped model, ~1 minute on 1 core
+    python examples/affine_probes.py              # the shipped model, a few minutes
     python examples/affine_probes.py --fast       # CI: fewer sequences and steps, seconds
 
 It prints the headline numbers and writes ``probe_map.png`` and ``results.json`` to
@@ -60,9 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fast", action="store_true", help="few sequences and steps (CI)")
     parser.add_argument("--sequences", type=int, default=4096, help="for the probes")
     parser.add_argument("--pairs", type=int, default=128, help="for the interventions")
-    parser.add_argument("--das-pairs", type=int, default=512)
+    parser.add_argument("--das-pairs", type=int, default=256)
     parser.add_argument("--swap-positions", type=int, nargs="+", default=list(SCORED))
-    parser.add_argument("--das-steps", type=int, default=40)
+    parser.add_argument("--das-steps", type=int, default=30)
     parser.add_argument("--das-point", default="blocks.2.hook_resid_mid")
     parser.add_argument("--das-pos", type=int, default=8)
     parser.add_argument("--out", default="outputs/affine_probes")
@@ -279,7 +279,7 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
             "RdBu_r",
         ),
     ]
-    names = {"c": "c", "d": "d", "a_prev": "a_{t-1} at position t"}
+    names = {"c": "c", "d": "d", "a_prev": "a_{t-1}"}
     for r, (title, maps, (lo, hi), cmap) in enumerate(rows):
         for col, v in enumerate(("c", "d", "a_prev")):
             ax = axes[r, col]

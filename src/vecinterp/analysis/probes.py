@@ -147,7 +147,8 @@ def fit_probes(
     The cost: the capture is one forward pass per model (without the unembedding); then
     per hook point one Gram matrix of its activations (``batch * pos * d**2``) and an
     eigendecomposition per fold and position (``d**3``), shared by all targets and
-    controls. Meant for points of residual width; an MLP's ``pre``/``post`` (``d_mlp``
+    controls; the solves run on the CPU in float64 whatever the model's device and dtype.
+    Meant for points of residual width; an MLP's ``pre``/``post`` (``d_mlp``
     wide) costs ``(d_mlp / d_model)**3`` times more.
 
     Args:
@@ -242,7 +243,7 @@ def _solve(
     """Per target (and ``name + "/shuffled"``), one fit per hook point over its cells."""
     out: dict[str, list[RidgeFit]] = {}
     for name in tqdm(names, desc=f"probes {label}", disable=not progress):
-        act = acts.pop(name)  # [batch, cells, d], freed as we go
+        act = acts.pop(name).cpu()  # [batch, cells, d], freed as we go; solved on the CPU
         cells, d = act.shape[1], act.shape[2]
         step = max(1, _CELL_BUDGET // (d * d * 8))
         per_chunk: dict[str, list[RidgeFit]] = {}
