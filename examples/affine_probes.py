@@ -265,19 +265,9 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
 
     fig, axes = plt.subplots(3, 3, figsize=(13, 10), constrained_layout=True)
     rows = [
-        ("held-out R² of a linear probe", {v: probes[v].r2 for v in probes}, (0, 1), "viridis"),
-        (
-            "selectivity: R² − R² of the same probe on a random model",
-            {v: probes[v].selectivity for v in probes},
-            (-1, 1),
-            "RdBu_r",
-        ),
-        (
-            "swap of the probe subspace: fraction of the counterfactual change",
-            dict(swaps),
-            (-1, 1),
-            "RdBu_r",
-        ),
+        ("probe R² (held out)", {v: probes[v].r2 for v in probes}, (0, 1), "viridis"),
+        ("selectivity", {v: probes[v].selectivity for v in probes}, (-1, 1), "RdBu_r"),
+        ("probe-subspace swap", dict(swaps), (-1, 1), "RdBu_r"),
     ]
     names = {"c": "c", "d": "d", "a_prev": "a_{t-1}"}
     for r, (title, maps, (lo, hi), cmap) in enumerate(rows):
@@ -302,11 +292,13 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
             ax.set_title(f"{names[v]}: {title}", fontsize=9)
             fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(
-        "Affine recurrence, shipped model: where c, d and a_{t-1} are linearly decodable "
-        "(rows 1-2, residual points in depth order × position)\nand whether swapping the "
-        "probe's subspace from another sequence moves the prediction as the recurrence "
-        "says (row 3)",
-        fontsize=11,
+        "Affine recurrence, shipped model; residual points in depth order × position.\n"
+        "Row 1: held-out R² of a ridge probe for c, d, a_{t-1}.  Row 2: selectivity = R² − "
+        "R² of the same probe on the architecture with random weights.\nRow 3: swapping "
+        "the probe's subspace from another sequence at one point × position: fraction of "
+        "the change to the recurrence's counterfactual\n(c_src a_t + d for c, c a_t + "
+        "d_src for d) achieved at that position (1: all, 0: none).",
+        fontsize=10,
     )
     return fig
 
