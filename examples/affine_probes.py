@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     prev = torch.full_like(data.inputs, torch.nan)
     prev[:, 1:] = data.inputs[:, :-1]  # a_{t-1} at position t; undefined at 0
     targets = {"c": data.c, "d": data.d, "a_prev": prev}
-    probes = vi.fit_probes(model, data.inputs, targets, list(POINTS), progress=progress)
+    fewer = dict(n_folds=2, n_bootstrap=50) if args.fast else {}
+    probes = vi.fit_probes(model, data.inputs, targets, list(POINTS), progress=progress, **fewer)
     timings["probes"] = time.perf_counter() - t0
 
     # 2. swapping the probe subspace: does the prediction move as the recurrence says?
