@@ -166,7 +166,7 @@ class HookedVectorTransformer(HookedModule):
         resid_std = std / (2 * self.cfg.n_layers) ** 0.5 if self.cfg.init == "gpt2" else std
         with torch.no_grad():
             for name, p in self.named_parameters():
-                leaf = name.rsplit(".", 1)[-1]
+                leaf = name.rsplit(".", 1)[-1].lstrip("_")  # _W_K: grouped-query W_K
                 if leaf.startswith("W_"):
                     s = resid_std if leaf in ("W_O", "W_out") else std
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * s)
