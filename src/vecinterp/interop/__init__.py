@@ -4,8 +4,11 @@
   :func:`to_transformer_lens`, :func:`from_transformer_lens`, and
   :func:`tl_forward_vectors` / :func:`tl_run_with_cache_vectors` to run a TransformerLens
   model on vector inputs.
+- Hugging Face transformers (``pip install "vecinterp[hf]"``): :func:`from_hf` imports a
+  ``GPT2Model`` between two linear maps, :func:`to_hf` exports to one.
 """
 
+from .hf import from_hf, to_hf
 from .transformer_lens import (
     from_transformer_lens,
     tl_forward_vectors,
@@ -14,8 +17,10 @@ from .transformer_lens import (
 )
 
 __all__ = [
+    "from_hf",
     "from_transformer_lens",
     "tl_forward_vectors",
     "tl_run_with_cache_vectors",
+    "to_hf",
     "to_transformer_lens",
 ]
