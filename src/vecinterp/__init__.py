@@ -25,10 +25,12 @@ from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
 from .interop import (
     from_hf,
+    from_torch_encoder,
     from_transformer_lens,
     tl_forward_vectors,
     tl_run_with_cache_vectors,
     to_hf,
+    to_torch_encoder,
     to_transformer_lens,
 )
 from .loss import masked_mse
@@ -84,7 +86,9 @@ __all__ = [
     "process_weights",
     "save",
     "from_hf",
+    "from_torch_encoder",
     "to_hf",
+    "to_torch_encoder",
     "from_transformer_lens",
     "tl_forward_vectors",
     "tl_run_with_cache_vectors",

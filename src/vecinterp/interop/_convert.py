@@ -28,6 +28,8 @@ def linear_parts(
     """``(weight [out, in], bias [out] or None)`` of an ``nn.Linear`` or a ``(weight,
     bias)`` / ``(weight,)`` tuple in ``nn.Linear``'s layout (``y = x W^T + b``), checked
     against the expected ``d_in`` (columns) and ``d_out`` (rows) where given."""
+    weight: Any
+    bias: Any
     if isinstance(linear, nn.Linear):
         weight, bias = linear.weight, linear.bias
     elif isinstance(linear, tuple | list) and len(linear) in (1, 2):
@@ -107,7 +109,9 @@ def build_model(
     with uninitialised_weights():  # every parameter is overwritten below
         model = HookedVectorTransformer(cfg, seed=None, dtype=dtype, device=device)
     target = dict(model.named_parameters())
-    problems = [f"{source} gives {name}, which the model lacks" for name in set(params) - set(target)]
+    problems = [
+        f"{source} gives {name}, which the model lacks" for name in set(params) - set(target)
+    ]
     problems += [f"nothing fills the model's {name}" for name in set(target) - set(params)]
     problems += [
         f"{name}: {source} gives shape {tuple(params[name].shape)}, the model needs "
@@ -129,15 +133,25 @@ def layer_norm_parts(
     and bias are ``None`` where the norm has none (``elementwise_affine=False``,
     ``bias=False``): they are 1 and 0."""
     if not isinstance(norm, nn.LayerNorm):
-        return None, None, 0.0, [
-            f"{name} is a {type(norm).__name__}, not an nn.LayerNorm (vecinterp's "
-            "normalization is LayerNorm here)"
-        ]
+        return (
+            None,
+            None,
+            0.0,
+            [
+                f"{name} is a {type(norm).__name__}, not an nn.LayerNorm (vecinterp's "
+                "normalization is LayerNorm here)"
+            ],
+        )
     if tuple(norm.normalized_shape) != (d_model,):
-        return None, None, 0.0, [
-            f"{name} normalizes over {tuple(norm.normalized_shape)}, not the last axis "
-            f"({d_model},)"
-        ]
+        return (
+            None,
+            None,
+            0.0,
+            [
+                f"{name} normalizes over {tuple(norm.normalized_shape)}, not the last axis "
+                f"({d_model},)"
+            ],
+        )
     return norm.weight, norm.bias, float(norm.eps), []
 
 

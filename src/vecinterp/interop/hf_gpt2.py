@@ -7,12 +7,12 @@ Used by :func:`vecinterp.from_hf` and :func:`vecinterp.to_hf`. The parameters ma
 ==================================  ====================================================
 ``read_in`` (``nn.Linear``)         ``embed.W_E = weight.T``, ``embed.b_E = bias``
 ``wpe.weight [n_positions, d]``     ``pos_embed.W_pos`` (``n_ctx = n_positions``)
-``h.{l}.ln_1``, ``ln_2``            ``blocks.{l}.ln1``, ``ln2`` (``w``, ``b``)
-``h.{l}.attn.c_attn`` (Conv1D,      ``W_Q``, ``W_K``, ``W_V [n_heads, d, d_head]`` and
+``h.{i}.ln_1``, ``ln_2``            ``blocks.{i}.ln1``, ``ln2`` (``w``, ``b``)
+``h.{i}.attn.c_attn`` (Conv1D,      ``W_Q``, ``W_K``, ``W_V [n_heads, d, d_head]`` and
 ``[d, 3d]``: Q, K, V side by side,  ``b_Q``, ``b_K``, ``b_V [n_heads, d_head]``
 heads side by side in each)
-``h.{l}.attn.c_proj``               ``W_O [n_heads, d_head, d]``, ``b_O``
-``h.{l}.mlp.c_fc``, ``c_proj``      ``W_in``, ``b_in``, ``W_out``, ``b_out``
+``h.{i}.attn.c_proj``               ``W_O [n_heads, d_head, d]``, ``b_O``
+``h.{i}.mlp.c_fc``, ``c_proj``      ``W_in``, ``b_in``, ``W_out``, ``b_out``
 ``ln_f``                            ``ln_final``
 ``read_out`` (``nn.Linear``)        ``unembed.W_U = weight.T``, ``unembed.b_U = bias``
 ``wte``                             not used (vector models feed ``inputs_embeds``)
@@ -120,25 +120,23 @@ def _problems(backbone: Any, dtype: torch.dtype) -> tuple[list[str], list[float]
             f"{dtype}; import in float32 or float64 (dtype=torch.float32)"
         )
     eps = []
-    for l, block in enumerate(backbone.h):
+    for i, block in enumerate(backbone.h):
         if getattr(block.attn, "pruned_heads", None):
-            problems.append(f"h.{l}.attn has pruned heads {sorted(block.attn.pruned_heads)}")
+            problems.append(f"h.{i}.attn has pruned heads {sorted(block.attn.pruned_heads)}")
         if tuple(block.attn.c_attn.weight.shape) != (d, 3 * d):
             problems.append(
-                f"h.{l}.attn.c_attn.weight has shape {tuple(block.attn.c_attn.weight.shape)}, "
+                f"h.{i}.attn.c_attn.weight has shape {tuple(block.attn.c_attn.weight.shape)}, "
                 f"not ({d}, {3 * d}) (n_embd={d}, query, key and value)"
             )
         for name in ("ln_1", "ln_2"):
-            *_, e, found = layer_norm_parts(f"h.{l}.{name}", getattr(block, name), d)
+            *_, e, found = layer_norm_parts(f"h.{i}.{name}", getattr(block, name), d)
             problems += found
             eps.append(e)
     *_, e, found = layer_norm_parts("ln_f", backbone.ln_f, d)
     problems += found
     eps.append(e)
     if not problems and len(set(eps)) > 1:
-        problems.append(
-            f"layer norms of different eps {sorted(set(eps))} (vecinterp has one eps)"
-        )
+        problems.append(f"layer norms of different eps {sorted(set(eps))} (vecinterp has one eps)")
     return problems, eps
 
 
@@ -184,11 +182,11 @@ def from_gpt2(
     )
     params = embed_params(w_in, w_out)
     params["pos_embed.W_pos"] = backbone.wpe.weight.detach()
-    for l, block in enumerate(backbone.h):
-        p = f"blocks.{l}"
+    for i, block in enumerate(backbone.h):
+        p = f"blocks.{i}"
         attn, mlp = block.attn, block.mlp
         w, b = attn.c_attn.weight.detach(), attn.c_attn.bias.detach()
-        factor = _score_factor(c, l, d_head)
+        factor = _score_factor(c, i, d_head)
         if factor != 1.0:  # fold GPT-2's other score scale into the queries, in float64
             w = torch.cat([w[:, :d].double() * factor, w[:, d:].double()], dim=1)
             b = torch.cat([b[:d].double() * factor, b[d:].double()])
@@ -232,6 +230,10 @@ def to_gpt2(
     fail("this HookedVectorTransformer to GPT-2", problems)
 
     W_E = model.embed.W_E
+    blocks: list[Any] = list(model.blocks)
+    b_E: Any = model.embed.b_E
+    ln_final: Any = model.ln_final
+    d_mlp: Any = cfg.d_mlp
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     config = transformers.GPT2Config(
         vocab_size=1,  # wte is not used: vectors come in as inputs_embeds
@@ -241,7 +243,7 @@ def to_gpt2(
         n_embd=cfg.d_model,
         n_layer=cfg.n_layers,
         n_head=cfg.n_heads,
-        n_inner=cfg.d_mlp,
+        n_inner=d_mlp,
         activation_function=ACT_TO_GPT2[cfg.act_fn],
         resid_pdrop=0.0,
         embd_pdrop=0.0,
@@ -254,7 +256,7 @@ def to_gpt2(
     with torch.random.fork_rng(devices=[]):  # the initialisation is overwritten below
         backbone = transformers.GPT2Model(config)
         read_in = nn.Linear(cfg.d_in, cfg.d_model, bias=cfg.embed_bias)
-        read_out = nn.Linear(cfg.d_model, cfg.d_out)
+        read_out = nn.Linear(cfg.d_model, int(cfg.d_out or 0))
     for module in (backbone, read_in, read_out):
         module.to(device=W_E.device, dtype=W_E.dtype)
     d = cfg.d_model
@@ -268,11 +270,11 @@ def to_gpt2(
     with torch.no_grad():
         read_in.weight.copy_(W_E.T)
         if cfg.embed_bias:
-            read_in.bias.copy_(model.embed.b_E)
+            read_in.bias.copy_(b_E)
         read_out.weight.copy_(model.unembed.W_U.T)
         read_out.bias.copy_(model.unembed.b_U)
         backbone.wpe.weight.copy_(model.pos_embed.W_pos)  # type: ignore[union-attr]
-        for ours, theirs in zip(model.blocks, backbone.h, strict=True):
+        for ours, theirs in zip(blocks, backbone.h, strict=True):
             a = ours.attn
             theirs.attn.c_attn.weight.copy_(
                 torch.cat([merge_heads_in(W) for W in (a.W_Q, a.W_K, a.W_V)], dim=1)
@@ -286,5 +288,5 @@ def to_gpt2(
             theirs.mlp.c_proj.bias.copy_(ours.mlp.b_out)
             ln(theirs.ln_1, ours.ln1)
             ln(theirs.ln_2, ours.ln2)
-        ln(backbone.ln_f, model.ln_final)
+        ln(backbone.ln_f, ln_final)
     return backbone.eval(), read_in.eval(), read_out.eval()
