@@ -14,7 +14,9 @@ computing the same function; :func:`to_hf` goes back. ``transformers`` is an opt
 extra (``pip install "vecinterp[hf]"``), imported only inside the functions.
 
 Supported backbone classes: ``transformers.GPT2Model`` (see
-:mod:`vecinterp.interop.hf_gpt2` for the mapping and what is refused). Other classes raise
+:mod:`vecinterp.interop.hf_gpt2` for the mapping and what is refused) and the Llama
+family, ``transformers.LlamaModel``, ``MistralModel`` and ``Qwen2Model`` (see
+:mod:`vecinterp.interop.hf_llama`). Other classes raise
 a ``TypeError`` naming the supported ones; a model with a head (``GPT2LMHeadModel``, ...)
 is refused with the hint to pass its backbone (``model.transformer``).
 """
@@ -48,8 +50,14 @@ def _importers(transformers: Any) -> dict[type, Callable[..., HookedVectorTransf
     """The backbone classes :func:`from_hf` reads, and the converter of each (a new
     architecture adds an entry here)."""
     from .hf_gpt2 import from_gpt2
+    from .hf_llama import from_llama
 
-    return {transformers.GPT2Model: from_gpt2}
+    return {
+        transformers.GPT2Model: from_gpt2,
+        transformers.LlamaModel: from_llama,
+        transformers.MistralModel: from_llama,
+        transformers.Qwen2Model: from_llama,
+    }
 
 
 def from_hf(
@@ -58,6 +66,7 @@ def from_hf(
     read_out: nn.Linear | tuple[torch.Tensor, ...],
     *,
     dtype: torch.dtype | None = None,
+    n_ctx: int | None = None,
 ) -> HookedVectorTransformer:
     """A :class:`~vecinterp.HookedVectorTransformer` computing
     ``read_out(backbone(inputs_embeds=read_in(x)).last_hidden_state)``.
@@ -79,6 +88,10 @@ def from_hf(
         read_out: the map from the backbone's last hidden state to the outputs, likewise
             (``weight [d_out, d_model]``).
         dtype: the new model's dtype (default: the backbone's).
+        n_ctx: the longest sequence the new model accepts, for backbones with rotary
+            positions (Llama, Mistral, Qwen2; default: ``max_position_embeddings``, which
+            must then be at most 4096). GPT-2's is its ``n_positions``, and giving
+            ``n_ctx`` for it raises a ``ValueError``.
 
     Returns:
         The imported model.
@@ -111,8 +124,17 @@ def from_hf(
     transformers = transformers_module()
     importers = _importers(transformers)
     for cls, convert in importers.items():
-        if isinstance(backbone, cls):
+        if not isinstance(backbone, cls):
+            continue
+        if n_ctx is None:
             return convert(backbone, read_in, read_out, dtype=dtype)
+        if cls is transformers.GPT2Model:
+            raise ValueError(
+                f"n_ctx={n_ctx!r}: a GPT2Model's n_ctx is its n_positions "
+                f"({backbone.config.n_positions}, the rows of its learned position table); "
+                "leave n_ctx out"
+            )
+        return convert(backbone, read_in, read_out, dtype=dtype, n_ctx=n_ctx)
     supported = ", ".join(f"transformers.{cls.__name__}" for cls in importers)
     inner = getattr(backbone, "transformer", None)
     hint = (
@@ -131,8 +153,15 @@ def from_hf(
 def to_hf(
     model: HookedVectorTransformer, *, attn_implementation: str | None = None
 ) -> tuple[nn.Module, nn.Linear, nn.Linear]:
-    """``(backbone, read_in, read_out)``: a ``transformers.GPT2Model`` and two
-    ``nn.Linear`` computing ``model``, the inverse of :func:`from_hf`.
+    """``(backbone, read_in, read_out)``: a ``transformers.GPT2Model`` (or, for a model
+    with rotary positions, a gated MLP or grouped-query attention, a
+    ``transformers.LlamaModel``) and two ``nn.Linear`` computing ``model``, the inverse of
+    :func:`from_hf`.
+
+    Llama holds a model with ``positional="rotary"``, ``normalization="RMS"`` (or
+    ``"RMSPre"``, stored as weights of 1), ``gated_mlp=True``, causal attention and
+    ``act_fn`` ``"silu"``, ``"gelu"``, ``"relu"`` or ``"gelu_tanh"``; its projections get
+    biases (``attention_bias``, ``mlp_bias``) where any of the model's is nonzero.
 
     ``read_out(backbone(inputs_embeds=read_in(x)).last_hidden_state)`` equals
     ``model(x)`` (to rounding), and :func:`from_hf` of the three gives ``model``'s
@@ -176,5 +205,12 @@ def to_hf(
     if not isinstance(model, HookedVectorTransformer):
         raise TypeError(f"expected a HookedVectorTransformer, got {type(model).__name__}")
     from .hf_gpt2 import to_gpt2
+    from .hf_llama import llama_problems, to_llama
 
-    return to_gpt2(transformers, model, attn_implementation=attn_implementation)
+    if not llama_problems(model.cfg):
+        return to_llama(transformers, model, attn_implementation=attn_implementation)
+    try:
+        return to_gpt2(transformers, model, attn_implementation=attn_implementation)
+    except ValueError as err:
+        why_not_llama = "".join(f"\n  - {p}" for p in llama_problems(model.cfg))
+        raise ValueError(f"{err}\nnor to Llama:{why_not_llama}") from None
