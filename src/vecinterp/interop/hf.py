@@ -131,7 +131,7 @@ def from_hf(
         if cls is transformers.GPT2Model:
             raise ValueError(
                 f"n_ctx={n_ctx!r}: a GPT2Model's n_ctx is its n_positions "
-                f"({backbone.config.n_positions}, the rows of its learned position table); "
+                f"({getattr(backbone, 'config').n_positions}, the rows of its learned position table); "
                 "leave n_ctx out"
             )
         return convert(backbone, read_in, read_out, dtype=dtype, n_ctx=n_ctx)
