@@ -9,7 +9,9 @@ transformers is the optional extra ``vecinterp[hf]``: without it this module is 
 Every model is built from a config with random weights; nothing is downloaded.
 """
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -505,3 +507,18 @@ def test_missing_transformers_names_the_extra(monkeypatch):
         vi.to_hf(model)
     with pytest.raises(ImportError, match=r'pip install "vecinterp\[hf\]"'):
         vi.from_hf(nn.Linear(2, 2), linear(3, 8), linear(8, 1))
+
+
+def test_howto_import_snippets_run():
+    """docs/howto_import.rst's code blocks run in order, their assertions included."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "howto_import.rst"
+    text = page.read_text()
+    blocks = re.findall(r"^\.\. code-block:: python\n((?:\n|   .*\n)+)", text, flags=re.M)
+    assert len(blocks) == 4
+    namespace: dict = {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for block in blocks:
+            code = "\n".join(line[3:] for line in block.splitlines()) + "\n"
+            exec(compile(code, str(page), "exec"), namespace)
+    assert namespace["model"].cfg.positional == "learned"
