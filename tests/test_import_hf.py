@@ -60,12 +60,9 @@ def gpt2(
         n_inner=n_inner,
         activation_function=act,
         layer_norm_epsilon=eps,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
         use_cache=False,
         attn_implementation=impl,
-        **extra,
+        **(dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0) | extra),
     )
     with torch.random.fork_rng(devices=[]):
         backbone = transformers.GPT2Model(config)
@@ -522,3 +519,19 @@ def test_howto_import_snippets_run():
             code = "\n".join(line[3:] for line in block.splitlines()) + "\n"
             exec(compile(code, str(page), "exec"), namespace)
     assert namespace["model"].cfg.positional == "learned"
+
+
+def test_a_source_in_train_mode_with_dropout_imports_as_its_eval_function():
+    backbone = gpt2(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1).train()
+    read_in, read_out = linear(3, 8), linear(8, 1)
+    model = vi.from_hf(backbone, read_in, read_out)
+    assert backbone.training and not model.training  # the source is left as it was
+    x = torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    y, _ = source_forward(backbone.eval(), read_in, read_out, x)
+    with torch.no_grad():
+        assert rel_err(model(x), y) <= 1e-10
+
+
+def test_bad_dtype():
+    with unchecked(), pytest.raises(TypeError, match="dtype"):
+        vi.from_hf(gpt2(), linear(3, 8), linear(8, 1), dtype="float32")

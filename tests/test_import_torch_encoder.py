@@ -348,3 +348,25 @@ def test_to_torch_encoder_refusals():
     for match, cfg in cases.items():
         with pytest.raises(ValueError, match=match):
             vi.to_torch_encoder(vi.HookedVectorTransformer(cfg))
+
+
+def test_a_source_in_train_mode_with_dropout_imports_as_its_eval_function():
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.2, batch_first=True, norm_first=True)
+    enc = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8), enable_nested_tensor=False)
+    enc = randomise(enc, 0).to(F64).train()
+    read_in, read_out = linear(3, 8), linear(8, 2)
+    model = vi.from_torch_encoder(enc, read_in, read_out, causal=False, n_ctx=6)
+    assert enc.training and not model.training
+    x = torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    y = source_forward(enc.eval(), read_in, read_out, x, causal=False)
+    with torch.no_grad():
+        assert rel_err(model(x), y) <= 1e-10
+
+
+def test_dtype_argument():
+    enc = encoder(dtype=F32)
+    model = vi.from_torch_encoder(
+        enc, linear(3, 8, dtype=F32), linear(8, 1, dtype=F32), causal=True, n_ctx=4, dtype=F64
+    )
+    assert model.W_E.dtype == F64
+    assert torch.equal(model.W_in[0], enc.layers[0].linear1.weight.detach().T.double())

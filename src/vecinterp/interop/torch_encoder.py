@@ -48,7 +48,11 @@ Refused, with every reason listed in one ``ValueError``:
 - ``add_bias_kv``, ``add_zero_attn``, norms that are not ``nn.LayerNorm`` or have
   different eps, and layers of different shapes.
 
-Dropout is ignored: the imported model computes the source in eval mode. A single
+Dropout is ignored: the imported model computes the source in eval mode. PyTorch's fused
+eval-mode path (no gradients, ``batch_first=True``) computes the same function (the tests
+compare against both paths); its nested-tensor path for padding masks is never taken by
+a pre-norm encoder (PyTorch turns it off for ``norm_first=True``), and vecinterp has no
+padding masks. A single
 ``nn.TransformerEncoderLayer`` has no final norm; wrap it in an ``nn.TransformerEncoder``
 with one.
 """
