@@ -438,6 +438,6 @@ def to_torch_encoder(
             theirs.linear2.bias.copy_(ours.mlp.b_out)
             ln(theirs.norm1, ours.ln1)
             ln(theirs.norm2, ours.ln2)
-        ln(encoder.norm, ln_final)
+        ln(encoder.norm, ln_final)  # type: ignore[arg-type]  # set above
     pos = None if model.pos_embed is None else model.pos_embed.W_pos.detach().clone()
     return encoder.eval(), read_in.eval(), read_out.eval(), pos
