@@ -33,10 +33,10 @@ Attention scaling: vecinterp divides scores by ``sqrt(d_head)``. GPT-2 with
 (a further ``1/(layer + 1)``) is imported with the difference folded into ``W_Q`` and
 ``b_Q`` of each layer: the same scores, to rounding. ``reorder_and_upcast_attn=True``
 makes GPT-2's eager attention compute its scores in float32 (the other implementations
-ignore it): in float32 that changes only rounding, and a float64 model is imported as the
-float64 function (the source's own scores are then float32-accurate); a float16 or
-bfloat16 import is refused, since vecinterp would compute the scores in half precision,
-which the flag exists to avoid.
+ignore it; in float64 transformers' eager path raises, its float64 mask upcasting the
+scores): in float32 and float64 that changes only rounding, and the import is accepted; a
+float16 or bfloat16 import is refused, since vecinterp would compute the scores in half
+precision, which the flag exists to avoid.
 
 Refused, with every reason listed in one ``ValueError``: ``add_cross_attention=True``
 (cross-attention blocks), ``is_causal=False`` in the config (bidirectional masks, which

@@ -48,7 +48,11 @@ Refused, with every reason listed in one ``ValueError``:
 - ``add_bias_kv``, ``add_zero_attn``, norms that are not ``nn.LayerNorm`` or have
   different eps, and layers of different shapes.
 
-Dropout is ignored: the imported model computes the source in eval mode. A single
+Dropout is ignored: the imported model computes the source in eval mode. PyTorch's fused
+eval-mode path (no gradients, ``batch_first=True``) computes the same function (the tests
+compare against both paths); its nested-tensor path for padding masks is never taken by
+a pre-norm encoder (PyTorch turns it off for ``norm_first=True``), and vecinterp has no
+padding masks. A single
 ``nn.TransformerEncoderLayer`` has no final norm; wrap it in an ``nn.TransformerEncoder``
 with one.
 """
@@ -434,6 +438,6 @@ def to_torch_encoder(
             theirs.linear2.bias.copy_(ours.mlp.b_out)
             ln(theirs.norm1, ours.ln1)
             ln(theirs.norm2, ours.ln2)
-        ln(encoder.norm, ln_final)  # type: ignore[arg-type]
+        ln(encoder.norm, ln_final)  # type: ignore[arg-type]  # set above
     pos = None if model.pos_embed is None else model.pos_embed.W_pos.detach().clone()
     return encoder.eval(), read_in.eval(), read_out.eval(), pos
