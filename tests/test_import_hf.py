@@ -449,7 +449,11 @@ def test_refusals_list_every_reason():
 
 
 def test_unsupported_classes_name_the_supported_ones():
-    with pytest.raises(TypeError, match=r"from_hf reads transformers\.GPT2Model; got torch"):
+    with pytest.raises(
+        TypeError,
+        match=r"from_hf reads transformers\.GPT2Model, transformers\.LlamaModel, "
+        r"transformers\.MistralModel, transformers\.Qwen2Model; got torch",
+    ):
         vi.from_hf(nn.Linear(8, 8), linear(3, 8), linear(8, 1))
     config = transformers.GPT2Config(vocab_size=1, bos_token_id=0, eos_token_id=0, n_embd=8)
     config.n_layer, config.n_head = 1, 2
@@ -462,9 +466,20 @@ def test_unsupported_classes_name_the_supported_ones():
         num_attention_heads=2, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
-        llama = transformers.LlamaModel(llama_config)
-    with pytest.raises(TypeError, match=r"reads transformers\.GPT2Model; got .*LlamaModel"):
-        vi.from_hf(llama, linear(3, 8), linear(8, 1))
+        llama_lm = transformers.LlamaForCausalLM(llama_config)
+    with pytest.raises(TypeError, match=r"pass its backbone, LlamaForCausalLM\.model \(LlamaModel"):
+        vi.from_hf(llama_lm, linear(3, 8), linear(8, 1))
+    gemma_config = transformers.GemmaConfig(
+        vocab_size=1, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=4, bos_token_id=0,
+        eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        gemma = transformers.GemmaModel(gemma_config)  # its RMSNorm computes (1 + w)
+    with pytest.raises(
+        TypeError, match=r"reads transformers\.GPT2Model, .*Qwen2Model; got .*GemmaModel$"
+    ):
+        vi.from_hf(gemma, linear(3, 8), linear(8, 1))
 
 
 def test_bad_read_in_and_read_out():
@@ -511,7 +526,7 @@ def test_howto_import_snippets_run():
     page = Path(__file__).resolve().parents[1] / "docs" / "howto_import.rst"
     text = page.read_text()
     blocks = re.findall(r"^\.\. code-block:: python\n((?:\n|   .*\n)+)", text, flags=re.M)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     namespace: dict = {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -519,6 +534,7 @@ def test_howto_import_snippets_run():
             code = "\n".join(line[3:] for line in block.splitlines()) + "\n"
             exec(compile(code, str(page), "exec"), namespace)
     assert namespace["model"].cfg.positional == "learned"
+    assert namespace["llama_model"].cfg.n_key_value_heads == 2
 
 
 def test_a_source_in_train_mode_with_dropout_imports_as_its_eval_function():

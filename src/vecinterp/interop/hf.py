@@ -18,7 +18,8 @@ Supported backbone classes: ``transformers.GPT2Model`` (see
 family, ``transformers.LlamaModel``, ``MistralModel`` and ``Qwen2Model`` (see
 :mod:`vecinterp.interop.hf_llama`). Other classes raise
 a ``TypeError`` naming the supported ones; a model with a head (``GPT2LMHeadModel``, ...)
-is refused with the hint to pass its backbone (``model.transformer``).
+is refused with the hint to pass its backbone (``model.transformer``, or
+``model.model`` for ``LlamaForCausalLM`` and its relatives).
 """
 
 from collections.abc import Callable
@@ -136,14 +137,15 @@ def from_hf(
             )
         return convert(backbone, read_in, read_out, dtype=dtype, n_ctx=n_ctx)
     supported = ", ".join(f"transformers.{cls.__name__}" for cls in importers)
-    inner = getattr(backbone, "transformer", None)
-    hint = (
-        f"; {type(backbone).__name__} has a head: pass its backbone, "
-        f"{type(backbone).__name__}.transformer ({type(inner).__name__}), and the head's "
-        "linear map as read_out"
-        if any(isinstance(inner, cls) for cls in importers)
-        else ""
-    )
+    hint = ""
+    for attr in ("transformer", "model"):  # GPT2LMHeadModel.transformer, LlamaFor*.model
+        inner = getattr(backbone, attr, None)
+        if any(isinstance(inner, cls) for cls in importers):
+            hint = (
+                f"; {type(backbone).__name__} has a head: pass its backbone, "
+                f"{type(backbone).__name__}.{attr} ({type(inner).__name__}), and the head's "
+                "linear map as read_out"
+            )
     raise TypeError(
         f"from_hf reads {supported}; got {type(backbone).__module__}."
         f"{type(backbone).__name__}{hint}"
