@@ -130,10 +130,10 @@ def from_hf(
         if n_ctx is None:
             return convert(backbone, read_in, read_out, dtype=dtype)
         if cls is transformers.GPT2Model:
+            n_positions = backbone.config.n_positions  # type: ignore[union-attr]
             raise ValueError(
-                f"n_ctx={n_ctx!r}: a GPT2Model's n_ctx is its n_positions "
-                f"({getattr(backbone, 'config').n_positions}, the rows of its learned position table); "
-                "leave n_ctx out"
+                f"n_ctx={n_ctx!r}: a GPT2Model's n_ctx is its n_positions ({n_positions}, "
+                "the rows of its learned position table); leave n_ctx out"
             )
         return convert(backbone, read_in, read_out, dtype=dtype, n_ctx=n_ctx)
     supported = ", ".join(f"transformers.{cls.__name__}" for cls in importers)
