@@ -20,7 +20,12 @@ torch.set_num_threads(1)
 # path (relative to this file) -> the optional package its doctests import
 _NEEDS = {
     "src/vecinterp/plot": "matplotlib",  # the "plot" extra
-    "src/vecinterp/interop": "transformer_lens",  # interop with TransformerLens
+    # interop: TransformerLens (its extra) and Hugging Face transformers (the "hf" extra);
+    # interop/torch_encoder.py needs only torch
+    "src/vecinterp/interop/transformer_lens.py": "transformer_lens",
+    "src/vecinterp/interop/tl_vectors.py": "transformer_lens",
+    "src/vecinterp/interop/hf.py": "transformers",
+    "src/vecinterp/interop/hf_gpt2.py": "transformers",
 }
 
 

@@ -24,9 +24,13 @@ from .cache import ActivationCache, act_name
 from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
 from .interop import (
+    from_hf,
+    from_torch_encoder,
     from_transformer_lens,
     tl_forward_vectors,
     tl_run_with_cache_vectors,
+    to_hf,
+    to_torch_encoder,
     to_transformer_lens,
 )
 from .loss import masked_mse
@@ -81,6 +85,10 @@ __all__ = [
     "masked_mse",
     "process_weights",
     "save",
+    "from_hf",
+    "from_torch_encoder",
+    "to_hf",
+    "to_torch_encoder",
     "from_transformer_lens",
     "tl_forward_vectors",
     "tl_run_with_cache_vectors",

@@ -108,3 +108,14 @@ def check_population(
             "a per-position mean needs at least as many"
         )
     return check_input(population, cfg, model.W_E, name=name)
+
+
+def refuse_grouped_query(model: HookedVectorTransformer, what: str, why: str) -> None:
+    """``ValueError`` when ``model`` has grouped-query attention (``n_key_value_heads <
+    n_heads``), which ``what`` does not handle, for the reason ``why``."""
+    cfg = model.cfg
+    if cfg.is_gqa:
+        raise ValueError(
+            f"{what} does not handle grouped-query attention (this model has "
+            f"n_key_value_heads={cfg.n_key_value_heads} < n_heads={cfg.n_heads}): {why}"
+        )

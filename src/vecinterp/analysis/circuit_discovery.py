@@ -46,7 +46,7 @@ from ..model import HookedVectorTransformer
 from ..model.tensor_files import refuse_non_finite
 from ..model.validation import check_input
 from ._circuit_graph import CleanState, EdgeGraph, forward, run_clean
-from ._validate import check_model
+from ._validate import check_model, refuse_grouped_query
 from .patching import Metric, _check_runs, _scalar
 from .path_patching import _Node
 
@@ -430,6 +430,12 @@ def _prepare(
 ) -> _Setup:
     model = check_model(model)
     _refuse_hooks(model)
+    refuse_grouped_query(
+        model,
+        "circuit discovery",
+        "its key and value receivers are per query head, while the model computes keys "
+        "and values once per key/value head",
+    )
     refuse_non_finite(
         dict(model.named_parameters()), "circuit discovery refuses a model with non-finite weights"
     )

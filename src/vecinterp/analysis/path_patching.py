@@ -24,7 +24,7 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
-from ._validate import check_head, check_layer, check_model
+from ._validate import check_head, check_layer, check_model, refuse_grouped_query
 from .patching import Metric, _check_runs, _scalar
 
 __all__ = ["path_patching"]
@@ -256,9 +256,23 @@ def _parse_receivers(model: HookedVectorTransformer, receivers: object) -> list[
             node = _Node("output", model.cfg.n_layers)
         elif _is_mlp(item):
             node = _Node("mlp", _mlp_layer(model, item, "receiver"))
+            if model.cfg.gated_mlp:
+                raise ValueError(
+                    f"path_patching's receiver {item!r}: a gated MLP reads its input twice "
+                    "(hook_pre and hook_pre_linear), and pasting one input is not supported; "
+                    "take a later receiver (a head or the output)"
+                )
         elif isinstance(item, tuple | list) and len(item) == 3 and item[2] in _QKV:
             where = f"in the receiver {tuple(item)!r}"
             layer, head = check_layer(model, item[0], where), check_head(model, item[1], where)
+            if item[2] != "q":
+                refuse_grouped_query(
+                    model,
+                    f"path_patching's receiver {tuple(item)!r}",
+                    "a query head's keys and values are computed once for its whole group, "
+                    "so they cannot be pasted per query head; take the query ('q') or the "
+                    "output as the receiver",
+                )
             node = _Node("head", layer, head, item[2])
         else:
             raise ValueError(f"each receiver must be one of {_RECEIVER_FORMS}, got {item!r}")

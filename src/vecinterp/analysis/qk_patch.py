@@ -14,7 +14,7 @@ import torch
 from ..model import HookedVectorTransformer
 from ..model.processing import _copy
 from ..model.validation import check_bool, check_finite_number, check_seed
-from ._validate import check_head, check_layer, check_model
+from ._validate import check_head, check_layer, check_model, refuse_grouped_query
 
 
 def patch_qk_identity(
@@ -100,6 +100,12 @@ def patch_qk_identity(
     check_bool("zero_biases", zero_biases)
     gen = torch.Generator().manual_seed(check_seed("seed", seed))
     qs = torch.randn(cfg.n_heads, cfg.d_model, cfg.d_head, generator=gen, dtype=torch.float64)
+    refuse_grouped_query(
+        model,
+        "patch_qk_identity",
+        "a query head's W_K is its group's key weight, shared with the other query heads of "
+        "the group, so it cannot be set per query head",
+    )
     new = _copy(model, cfg)
     attn: Any = new.blocks[layer].attn  # an Attention module; nn.ModuleList erases the type
     with torch.no_grad():

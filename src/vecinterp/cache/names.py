@@ -29,7 +29,7 @@ _ATTN = {
     "attn": "hook_pattern",
     "result": "hook_result",
 }
-_MLP = {"pre": "hook_pre", "post": "hook_post"}
+_MLP = {"pre": "hook_pre", "pre_linear": "hook_pre_linear", "post": "hook_post"}
 _TOP = {
     "embed": "hook_embed",
     "pos_embed": "hook_pos_embed",

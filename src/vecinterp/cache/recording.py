@@ -30,6 +30,7 @@ from torch.nn.modules import module as _module
 from ..hooks import NameFilter
 from ..hooks._naming import _select_names
 from ..hooks.hook_point import _RECORDER, HookPoint, _add_all, _remove_all, idle
+from ..model.components.mlp import GatedMLP
 from .activation_cache import ActivationCache
 from .weights_record import _read_values, _record_weights, _version, _Weights
 
@@ -49,8 +50,8 @@ def _exact_derivations(
 ) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
     """Of the hook names ``names``, those ``run_with_cache`` may leave out because the
     cache can recompute them bit for bit from another cached activation of the same run:
-    ``blocks.{l}.mlp.hook_post`` when the block's ``act_fn`` is ``relu`` (captured now, so
-    a later change of ``act_fn`` does not matter), ``hook_pre`` is cached, and
+    ``blocks.{l}.mlp.hook_post`` when the block's (ungated) MLP's ``act_fn`` is ``relu``
+    (captured now, so a later change of ``act_fn`` does not matter), ``hook_pre`` is cached, and
     ``hook_post`` is a stock hook point that nothing watches (a hook of ours or of
     PyTorch's could edit what flows there; see :func:`~vecinterp.hooks.hook_point.idle`).
     Call it with the run's hooks attached; ``hook_dict`` is ``model.hook_dict``. Returns
@@ -62,7 +63,10 @@ def _exact_derivations(
             continue
         source = name[: -len("hook_post")] + "hook_pre"
         layer = int(name.split(".")[1])
-        act_fn = cast("TransformerBlock", model.blocks[layer]).mlp.act_fn
+        mlp = cast("TransformerBlock", model.blocks[layer]).mlp
+        if isinstance(mlp, GatedMLP):  # hook_post is act(hook_pre) * hook_pre_linear
+            continue
+        act_fn = mlp.act_fn
         if source in wanted and any(act_fn is f for f in _EXACT_ACT_FNS) and idle(hook_dict[name]):
             out[name] = (source, act_fn)
     return out

@@ -85,8 +85,6 @@ _ACT_FROM_TL = {
 # (field, required value, what a different value means)
 _TL_REQUIRED: tuple[tuple[str, object, str], ...] = (
     ("parallel_attn_mlp", False, "attention and MLP in parallel"),
-    ("gated_mlp", False, "a gated MLP"),
-    ("n_key_value_heads", None, "grouped-query attention"),
     ("num_experts", None, "a mixture of experts"),
     ("use_local_attn", False, "local attention"),
     ("post_embedding_ln", False, "a norm after the embedding"),
@@ -179,6 +177,14 @@ def to_transformer_lens(
             "embed_bias=True: TransformerLens's embedding has no bias b_E "
             "(fold b_E into W_pos first for a learned-position model)"
         )
+    if cfg.gated_mlp and not cfg.attn_only:
+        for name, b in model.named_parameters():
+            if name.endswith(("mlp.b_gate", "mlp.b_in")) and bool(b.ne(0).any()):
+                problems.append(
+                    f"{name} is not zero: TransformerLens's gated MLP has no gate bias and "
+                    "adds its b_in after the product (act(x W_gate) * (x W_in) + b_in), so "
+                    "a bias before the product has no TransformerLens equivalent"
+                )
     if cfg.positional in ("sinusoidal", "none") and not as_learned_positions:
         problems.append(
             f"positional={cfg.positional!r}: TransformerLens has learned ('standard') or "
@@ -208,6 +214,8 @@ def to_transformer_lens(
         rotary_adjacent_pairs=False,
         attn_only=cfg.attn_only,
         attention_dir="causal" if cfg.causal else "bidirectional",
+        gated_mlp=cfg.gated_mlp,
+        n_key_value_heads=cfg.n_key_value_heads if cfg.is_gqa else None,
         initializer_range=cfg.init_std,
         init_weights=False,  # every weight is copied below; leaves the global RNG alone
         seed=None,
@@ -228,6 +236,9 @@ def to_transformer_lens(
             else torch.zeros(cfg.n_ctx, cfg.d_model, dtype=W_E.dtype, device=W_E.device)
         )
         ours["pos_embed.W_pos"] = nn.Parameter(W_pos.detach(), requires_grad=True)
+    # b_gate is zero (checked above) and TransformerLens has none; our b_in, zero too, is
+    # TransformerLens's (post-product) b_in
+    ours = {name: p for name, p in ours.items() if not name.endswith("mlp.b_gate")}
     _copy_parameters(ours, tl_model, "vecinterp", "TransformerLens")
     tl_model.train(model.training)
     return tl_model
@@ -335,13 +346,39 @@ def from_transformer_lens(tl_model: nn.Module) -> HookedVectorTransformer:
         embed_bias=False,
         eps=float(c.eps),
         rotary_base=float(c.rotary_base),
+        gated_mlp=bool(c.gated_mlp),
+        n_key_value_heads=c.n_key_value_heads,
         init="transformer_lens",
         init_range=float(c.initializer_range),
     )
     model = HookedVectorTransformer(cfg, seed=0, dtype=W_E.dtype, device=W_E.device)
-    _copy_parameters(dict(hooked.named_parameters()), model, "TransformerLens", "vecinterp")
+    _copy_parameters(_from_tl_parameters(hooked, cfg), model, "TransformerLens", "vecinterp")
     model.train(hooked.training)
     return model
+
+
+def _from_tl_parameters(hooked: Any, cfg: VectorTransformerConfig) -> dict[str, torch.Tensor]:
+    """``hooked``'s parameters under this library's names and meanings: a gated MLP's
+    post-product ``b_in`` folded into ``b_out`` (``b_out + b_in W_out``, exact: the product
+    plus a constant, then a linear map) with zero ``b_gate`` and ``b_in``; TL's
+    grouped-query storage ``_W_K`` ... as ``W_K`` ... when every query head has its own
+    key/value head."""
+    params: dict[str, torch.Tensor] = dict(hooked.named_parameters())
+    out: dict[str, torch.Tensor] = {}
+    for name, p in params.items():
+        layer, leaf = name.rsplit(".", 1)
+        if not cfg.is_gqa and leaf in ("_W_K", "_W_V", "_b_K", "_b_V"):
+            out[f"{layer}.{leaf[1:]}"] = p
+        elif cfg.gated_mlp and name.endswith("mlp.b_in"):
+            W_out, b_out = params[layer + ".W_out"], params[layer + ".b_out"]
+            with torch.no_grad():
+                folded = b_out + p @ W_out
+            out[layer + ".b_out"] = folded.requires_grad_(b_out.requires_grad)
+            out[name] = torch.zeros_like(p).requires_grad_(p.requires_grad)
+            out[layer + ".b_gate"] = torch.zeros_like(p).requires_grad_(p.requires_grad)
+        elif not (cfg.gated_mlp and name.endswith("mlp.b_out")):
+            out[name] = p
+    return out
 
 
 def _copy_parameters(

@@ -91,6 +91,21 @@ class VectorTransformerConfig:
             default), and :meth:`replace` that changes ``init`` (or ``d_model`` under
             ``"transformer_lens"``) without naming ``init_range`` moves a default range to
             the new default.
+        gated_mlp: a gated MLP (Llama's): ``post = act(x W_gate + b_gate) * (x W_in +
+            b_in)``, ``out = post W_out + b_out``, with the extra hook ``hook_pre_linear``
+            (``x W_in + b_in``); ``hook_pre`` is the gate's pre-activation. Ignored when
+            ``attn_only``.
+        n_key_value_heads: grouped-query attention: keys and values are computed for this
+            many heads, and query head ``h`` reads key/value head ``h // (n_heads //
+            n_key_value_heads)`` (Llama's ``repeat_kv``). Must divide ``n_heads``;
+            ``None`` (the default) means ``n_heads``, ordinary multi-head attention, and
+            the config stores ``n_heads`` (so a config saved before the field existed
+            equals one naming ``n_key_value_heads=n_heads``); :meth:`replace` that
+            changes ``n_heads`` without naming it keeps ordinary attention. With fewer
+            key/value heads than query heads the keys and values are stored as ``_W_K``,
+            ``_W_V`` ``[n_key_value_heads, d_model, d_head]`` and ``_b_K``, ``_b_V``
+            (TransformerLens's ``GroupedQueryAttention``), and ``W_K`` etc. read them
+            expanded per query head.
 
     Example:
         >>> import vecinterp as vi
@@ -118,10 +133,21 @@ class VectorTransformerConfig:
     rotary_base: float = 10000.0
     init: str = "gpt2"
     init_range: float | None = None
+    gated_mlp: bool = False
+    n_key_value_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_model", "d_head", "n_heads", "n_layers", "n_ctx"):
             _require_positive_int(name, getattr(self, name))
+        if self.n_key_value_heads is None:
+            object.__setattr__(self, "n_key_value_heads", self.n_heads)
+        _require_positive_int("n_key_value_heads", self.n_key_value_heads)
+        if self.n_heads % self.n_key_value_heads != 0:
+            raise ValueError(
+                f"VectorTransformerConfig.n_key_value_heads must divide n_heads "
+                f"({self.n_heads}): each key/value head serves a group of n_heads // "
+                f"n_key_value_heads query heads; got {self.n_key_value_heads}"
+            )
         if self.d_out is None:
             object.__setattr__(self, "d_out", self.d_in)
         _require_positive_int("d_out", self.d_out)
@@ -158,7 +184,7 @@ class VectorTransformerConfig:
             )
         if self.init_range is None:
             object.__setattr__(self, "init_range", self.default_init_range())
-        for name in ("attn_only", "causal", "embed_bias"):
+        for name in ("attn_only", "causal", "embed_bias", "gated_mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"VectorTransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
@@ -223,6 +249,18 @@ class VectorTransformerConfig:
         return float(self.init_range)
 
     @property
+    def n_kv_heads(self) -> int:
+        """The number of key/value heads (``n_key_value_heads``, a number by now)."""
+        assert self.n_key_value_heads is not None  # set in __post_init__
+        return int(self.n_key_value_heads)
+
+    @property
+    def is_gqa(self) -> bool:
+        """Whether keys and values are shared by groups of query heads
+        (``n_key_value_heads < n_heads``)."""
+        return self.n_kv_heads < self.n_heads
+
+    @property
     def has_ln_weights(self) -> bool:
         """Whether the normalization layers carry a weight ``w`` (LN and RMS)."""
         return self.normalization in ("LN", "RMS")
@@ -235,9 +273,12 @@ class VectorTransformerConfig:
     def replace(self, **changes: Any) -> "VectorTransformerConfig":
         """A copy with some fields changed (validated again). If ``init_range`` is the
         default of this config's ``init`` and the change does not name it, the copy gets
-        the default of its own ``init`` and ``d_model``."""
+        the default of its own ``init`` and ``d_model``; likewise an ordinary-attention
+        config (``n_key_value_heads == n_heads``) stays one when ``n_heads`` changes."""
         if "init_range" not in changes and self.init_range == self.default_init_range():
             changes["init_range"] = None
+        if "n_key_value_heads" not in changes and not self.is_gqa:
+            changes["n_key_value_heads"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

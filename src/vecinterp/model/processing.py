@@ -4,7 +4,8 @@ Every function here returns a new model and leaves its input untouched. Which
 transformations are exact for vector (MSE) outputs:
 
 * :func:`fold_layer_norm` — exact. LN's ``w`` and ``b`` move into every reader of the
-  normalised stream (``W_Q``, ``W_K``, ``W_V``, ``W_in``, ``W_U`` and their biases); the
+  normalised stream (``W_Q``, ``W_K``, ``W_V``, ``W_in``, ``W_gate``, ``W_U`` and their
+  biases; under grouped-query attention the stored ``_W_K``, ``_W_V``); the
   readers are then centred, since a LayerNorm output has zero mean. LN becomes LNPre.
   For RMS only ``w`` folds and nothing is centred; RMS becomes RMSPre.
 * :func:`center_writing_weights` — exact only when every reader of the residual stream
@@ -21,7 +22,7 @@ from typing import cast
 import torch
 from einops import einsum
 
-from .components import TransformerBlock
+from .components import GatedMLP, TransformerBlock
 from .config import VectorTransformerConfig
 from .io import refuse_non_finite
 from .transformer import HookedVectorTransformer, uninitialised_weights
@@ -123,9 +124,13 @@ def fold_layer_norm(
         for i, block in enumerate(cast(Iterable[TransformerBlock], model.blocks)):
             nb = cast(TransformerBlock, new.blocks[i])
             a = nb.attn
-            fold(block.ln1, [(a.W_Q, a.b_Q), (a.W_K, a.b_K), (a.W_V, a.b_V)])
+            # the stored key/value parameters (grouped-query: _W_K, ..., one per kv head)
+            W_K, b_K, W_V, b_V = a.kv_parameters()
+            fold(block.ln1, [(a.W_Q, a.b_Q), (W_K, b_K), (W_V, b_V)])
             if not cfg.attn_only:
-                fold(block.ln2, [(nb.mlp.W_in, nb.mlp.b_in)])
+                mlp = nb.mlp
+                gate = [(mlp.W_gate, mlp.b_gate)] if isinstance(mlp, GatedMLP) else []
+                fold(block.ln2, [*gate, (mlp.W_in, mlp.b_in)])
         fold(model.ln_final, [(new.unembed.W_U, new.unembed.b_U)])
     return new
 
@@ -186,7 +191,9 @@ def fold_value_biases(model: HookedVectorTransformer) -> HookedVectorTransformer
 
     Since every attention row sums to 1, head ``h`` adds ``b_V[h] W_O[h]`` at every
     position whatever it attends to; so ``b_O ← b_O + Σ_h b_V[h] W_O[h]`` and ``b_V ← 0``
-    leaves the outputs unchanged and makes ``W_V W_O`` the whole OV circuit.
+    leaves the outputs unchanged and makes ``W_V W_O`` the whole OV circuit. Under
+    grouped-query attention the sum runs over every query head, each with its group's
+    value bias (``b_V`` expanded), and the stored ``_b_V`` is zeroed.
 
     Returns:
         A new model with the same outputs (``hook_v``/``hook_z``/``hook_result`` change).
@@ -210,7 +217,7 @@ def fold_value_biases(model: HookedVectorTransformer) -> HookedVectorTransformer
             a = block.attn
             # in-place +=, which returns the Parameter itself (torch's stub says Tensor)
             a.b_O += einsum(a.b_V, a.W_O, "n_heads d_head, n_heads d_head d_model -> d_model")  # type: ignore[misc]
-            a.b_V.zero_()
+            a.kv_parameters()[3].zero_()  # b_V as stored (grouped-query: _b_V)
     return new
 
 

@@ -166,7 +166,7 @@ class HookedVectorTransformer(HookedModule):
         resid_std = std / (2 * self.cfg.n_layers) ** 0.5 if self.cfg.init == "gpt2" else std
         with torch.no_grad():
             for name, p in self.named_parameters():
-                leaf = name.rsplit(".", 1)[-1]
+                leaf = name.rsplit(".", 1)[-1].lstrip("_")  # _W_K: grouped-query W_K
                 if leaf.startswith("W_"):
                     s = resid_std if leaf in ("W_O", "W_out") else std
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * s)
@@ -419,12 +419,14 @@ class HookedVectorTransformer(HookedModule):
 
     @property
     def W_K(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
-        """Every layer's ``W_K`` stacked, ``[n_layers, n_heads, d_model, d_head]``."""
+        """Every layer's ``W_K`` stacked, ``[n_layers, n_heads, d_model, d_head]`` (under
+        grouped-query attention each query head's copy of its group's ``_W_K``)."""
         return self._stack("W_K")
 
     @property
     def W_V(self) -> Float[torch.Tensor, "n_layers n_heads d_model d_head"]:
-        """Every layer's ``W_V`` stacked, ``[n_layers, n_heads, d_model, d_head]``."""
+        """Every layer's ``W_V`` stacked, ``[n_layers, n_heads, d_model, d_head]`` (under
+        grouped-query attention each query head's copy of its group's ``_W_V``)."""
         return self._stack("W_V")
 
     @property
@@ -526,6 +528,35 @@ class HookedVectorTransformer(HookedModule):
             torch.Size([3, 16])
         """
         return self._mlp_stack("b_in")
+
+    @property
+    def W_gate(self) -> Float[torch.Tensor, "n_layers d_model d_mlp"]:
+        """Every layer's gate weight stacked, ``[n_layers, d_model, d_mlp]``
+        (``AttributeError`` unless ``cfg.gated_mlp``).
+
+        Example:
+            >>> import vecinterp as vi
+            >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+            ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=3, d_mlp=16, n_ctx=6,
+            ...     gated_mlp=True))
+            >>> model.W_gate.shape
+            torch.Size([3, 8, 16])
+        """
+        return self._gate_stack("W_gate")
+
+    @property
+    def b_gate(self) -> Float[torch.Tensor, "n_layers d_mlp"]:
+        """Every layer's gate bias stacked, ``[n_layers, d_mlp]`` (``AttributeError``
+        unless ``cfg.gated_mlp``)."""
+        return self._gate_stack("b_gate")
+
+    def _gate_stack(self, name: str) -> torch.Tensor:
+        if not self.cfg.gated_mlp:
+            raise AttributeError(
+                f"{name}: this model's MLPs are not gated (cfg.gated_mlp=False), so they "
+                "have no W_gate or b_gate"
+            )
+        return self._mlp_stack(name)
 
     @property
     def W_out(self) -> Float[torch.Tensor, "n_layers d_mlp d_model"]:

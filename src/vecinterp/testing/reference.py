@@ -50,7 +50,8 @@ class PlainTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         sd = {k: v.detach().clone() for k, v in state_dict.items()}
-        h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head
+        h, d, dh, n_kv = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_kv_heads
+        kv = "_" if cfg.is_gqa else ""  # grouped-query keys and values: _W_K, ...
         p = nn.ParameterDict()
         p["embed_w"] = nn.Parameter(sd["embed.W_E"].T.contiguous())
         p["embed_b"] = nn.Parameter(
@@ -62,11 +63,11 @@ class PlainTransformer(nn.Module):
             self.register_buffer("pos_fixed", sd["pos_embed.W_pos"])
         for i in range(cfg.n_layers):
             b = f"blocks.{i}."
-            qkv = [sd[b + f"attn.W_{n}"].permute(0, 2, 1).reshape(h * dh, d) for n in "QKV"]
+            names = ("attn.W_Q", f"attn.{kv}W_K", f"attn.{kv}W_V")
+            qkv = [sd[b + n].permute(0, 2, 1).reshape(-1, d) for n in names]
             p[f"{i}_qkv_w"] = nn.Parameter(torch.cat(qkv))
-            p[f"{i}_qkv_b"] = nn.Parameter(
-                torch.cat([sd[b + f"attn.b_{n}"].reshape(-1) for n in "QKV"])
-            )
+            names = ("attn.b_Q", f"attn.{kv}b_K", f"attn.{kv}b_V")
+            p[f"{i}_qkv_b"] = nn.Parameter(torch.cat([sd[b + n].reshape(-1) for n in names]))
             p[f"{i}_o_w"] = nn.Parameter(sd[b + "attn.W_O"].reshape(h * dh, d).T.contiguous())
             p[f"{i}_o_b"] = nn.Parameter(sd[b + "attn.b_O"])
             for ln in ("ln1", "ln2"):
@@ -76,6 +77,9 @@ class PlainTransformer(nn.Module):
             if not cfg.attn_only:
                 p[f"{i}_in_w"] = nn.Parameter(sd[b + "mlp.W_in"].T.contiguous())
                 p[f"{i}_in_b"] = nn.Parameter(sd[b + "mlp.b_in"])
+                if cfg.gated_mlp:
+                    p[f"{i}_gate_w"] = nn.Parameter(sd[b + "mlp.W_gate"].T.contiguous())
+                    p[f"{i}_gate_b"] = nn.Parameter(sd[b + "mlp.b_gate"])
                 p[f"{i}_out_w"] = nn.Parameter(sd[b + "mlp.W_out"].T.contiguous())
                 p[f"{i}_out_b"] = nn.Parameter(sd[b + "mlp.b_out"])
         for wb in ("w", "b"):
@@ -112,7 +116,7 @@ class PlainTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg, p = self.cfg, self.p
         batch, n, _ = x.shape
-        h, dh = cfg.n_heads, cfg.d_head
+        h, dh, n_kv = cfg.n_heads, cfg.d_head, cfg.n_kv_heads
         resid = F.linear(x, p["embed_w"], p["embed_b"])
         if cfg.positional == "learned":
             resid = resid + p["pos"][:n]
@@ -120,17 +124,25 @@ class PlainTransformer(nn.Module):
             resid = resid + self.pos_fixed[:n]
         for i in range(cfg.n_layers):
             qkv = F.linear(self._norm(resid, f"{i}_ln1"), p[f"{i}_qkv_w"], p[f"{i}_qkv_b"])
-            q, k, v = qkv.view(batch, n, 3, h, dh).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.split([h * dh, n_kv * dh, n_kv * dh], dim=-1)
+            q = q.view(batch, n, h, dh).transpose(1, 2)
+            k = k.view(batch, n, n_kv, dh).transpose(1, 2)
+            v = v.view(batch, n, n_kv, dh).transpose(1, 2)
             if cfg.positional == "rotary":
                 q, k = self._rotate(q), self._rotate(k)
+            # enable_gqa: query head j reads key/value head j // (h // n_kv)
             z = F.scaled_dot_product_attention(
-                q, k, v, is_causal=cfg.causal, scale=1 / math.sqrt(dh)
+                q, k, v, is_causal=cfg.causal, scale=1 / math.sqrt(dh), enable_gqa=n_kv < h
             )
             z = z.transpose(1, 2).reshape(batch, n, h * dh)
             resid = resid + F.linear(z, p[f"{i}_o_w"], p[f"{i}_o_b"])
             if not cfg.attn_only:
-                hidden = _ACTS[cfg.act_fn](
-                    F.linear(self._norm(resid, f"{i}_ln2"), p[f"{i}_in_w"], p[f"{i}_in_b"])
-                )
+                normed = self._norm(resid, f"{i}_ln2")
+                hidden = F.linear(normed, p[f"{i}_in_w"], p[f"{i}_in_b"])
+                if cfg.gated_mlp:  # act(gate) * linear, Llama's MLP
+                    gate = F.linear(normed, p[f"{i}_gate_w"], p[f"{i}_gate_b"])
+                    hidden = _ACTS[cfg.act_fn](gate) * hidden
+                else:
+                    hidden = _ACTS[cfg.act_fn](hidden)
                 resid = resid + F.linear(hidden, p[f"{i}_out_w"], p[f"{i}_out_b"])
         return F.linear(self._norm(resid, "final"), p["unembed_w"], p["unembed_b"])

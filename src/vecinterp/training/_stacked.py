@@ -162,8 +162,9 @@ def forward(
     for layer in range(cfg.n_layers):
         a = f"blocks.{layer}."
         y = _norm(cfg, resid, p.get(a + "ln1.w"), p.get(a + "ln1.b"))
-        w = torch.cat([p[a + f"attn.W_{n}"] for n in "QKV"], 1)  # [K, 3h, d, dh]
-        bias = torch.cat([p[a + f"attn.b_{n}"] for n in "QKV"], 1).reshape(k, 3 * h * dh)
+        w = torch.cat([_heads(cfg, p, a + f"attn.W_{n}") for n in "QKV"], 1)  # [K, 3h, d, dh]
+        bias = torch.cat([_heads(cfg, p, a + f"attn.b_{n}") for n in "QKV"], 1)
+        bias = bias.reshape(k, 3 * h * dh)
         qkv = _lin(y, w.permute(0, 2, 1, 3).reshape(k, d, 3 * h * dh), bias)
         q, key, v = qkv.view(k * batch, n_pos, 3, h, dh).unbind(2)  # [K*batch, pos, h, dh]
         if rotary is not None:
@@ -182,10 +183,25 @@ def forward(
         resid = resid + _lin(z, p[a + "attn.W_O"].reshape(k, h * dh, d), p[a + "attn.b_O"])
         if not cfg.attn_only:
             y = _norm(cfg, resid, p.get(a + "ln2.w"), p.get(a + "ln2.b"))
-            hidden = ACTIVATIONS[cfg.act_fn](_lin(y, p[a + "mlp.W_in"], p[a + "mlp.b_in"]))
+            hidden = _lin(y, p[a + "mlp.W_in"], p[a + "mlp.b_in"])
+            if cfg.gated_mlp:  # act(x W_gate + b_gate) * (x W_in + b_in)
+                gate = _lin(y, p[a + "mlp.W_gate"], p[a + "mlp.b_gate"])
+                hidden = ACTIVATIONS[cfg.act_fn](gate) * hidden
+            else:
+                hidden = ACTIVATIONS[cfg.act_fn](hidden)
             resid = resid + _lin(hidden, p[a + "mlp.W_out"], p[a + "mlp.b_out"])
     resid = _norm(cfg, resid, p.get("ln_final.w"), p.get("ln_final.b"))
     return _lin(resid, p["unembed.W_U"], p["unembed.b_U"]).view(k, batch, n_pos, -1)
+
+
+def _heads(cfg: VectorTransformerConfig, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The stacked ``[K, n_heads, ...]`` weight ``name`` of every query head: under
+    grouped-query attention a key/value weight is stored once per key/value head (as
+    ``_W_K``, ...) and each is repeated for the query heads of its group."""
+    if not cfg.is_gqa or name.endswith(("W_Q", "b_Q")):
+        return p[name]
+    layer, leaf = name.rsplit(".", 1)
+    return p[f"{layer}._{leaf}"].repeat_interleave(cfg.n_heads // cfg.n_kv_heads, dim=1)
 
 
 @functools.lru_cache(maxsize=16)

@@ -23,7 +23,11 @@ class Attention(nn.Module):
     Hooks: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_z`` ``[batch, pos, n_heads, d_head]``;
     ``hook_rot_q``, ``hook_rot_k`` (rotary only); ``hook_attn_scores`` and ``hook_pattern``
     ``[batch, n_heads, dest_pos, src_pos]``; ``hook_result`` ``[batch, pos, n_heads,
-    d_model]``. The layer's output is always ``Σ_h result_h + b_O`` computed the same way,
+    d_model]``. With grouped-query attention (``cfg.n_key_value_heads < n_heads``, the
+    subclass :class:`GroupedQueryAttention`) ``hook_k``, ``hook_v`` and ``hook_rot_k``
+    are ``[batch, pos, n_key_value_heads, d_head]`` and query head ``h`` reads key/value
+    head ``h // (n_heads // n_key_value_heads)``; every other hook stays per query head.
+    The layer's output is always ``Σ_h result_h + b_O`` computed the same way,
     so attaching or caching hooks never changes a bit of it.
 
     Layout: internally every per-head tensor is stored heads-first (``[n_heads, batch,
@@ -33,21 +37,31 @@ class Attention(nn.Module):
     """
 
     mask_bias: torch.Tensor  # a non-persistent buffer registered in __init__
+    W_K: nn.Parameter  # these four registered in __init__ (by name)
+    W_V: nn.Parameter
+    b_K: nn.Parameter
+    b_V: nn.Parameter
 
     def __init__(self, cfg: VectorTransformerConfig):
         super().__init__()
         h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head
+        n_kv = cfg.n_kv_heads
+        # grouped-query attention stores keys and values as _W_K, ... (TransformerLens's
+        # names); registered in the same order either way
+        kv = "_" if n_kv < h else ""
+        self._kv_names = tuple(kv + name for name in ("W_K", "b_K", "W_V", "b_V"))
         self.W_Q = nn.Parameter(torch.empty(h, d, dh))
-        self.W_K = nn.Parameter(torch.empty(h, d, dh))
-        self.W_V = nn.Parameter(torch.empty(h, d, dh))
+        self.register_parameter(kv + "W_K", nn.Parameter(torch.empty(n_kv, d, dh)))
+        self.register_parameter(kv + "W_V", nn.Parameter(torch.empty(n_kv, d, dh)))
         self.W_O = nn.Parameter(torch.empty(h, dh, d))
         self.b_Q = nn.Parameter(torch.zeros(h, dh))
-        self.b_K = nn.Parameter(torch.zeros(h, dh))
-        self.b_V = nn.Parameter(torch.zeros(h, dh))
+        self.register_parameter(kv + "b_K", nn.Parameter(torch.zeros(n_kv, dh)))
+        self.register_parameter(kv + "b_V", nn.Parameter(torch.zeros(n_kv, dh)))
         self.b_O = nn.Parameter(torch.zeros(d))
         self.causal = cfg.causal
         self.scale = 1.0 / math.sqrt(dh)
         self.n_heads = h
+        self.n_kv_heads = cfg.n_kv_heads
         future = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1)
         # added to the scores: 0 where a position may attend, -inf where it may not
         self.register_buffer(
@@ -67,6 +81,24 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()
         self.hook_result = HookPoint()
 
+    def kv_parameters(self) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter, nn.Parameter]:
+        """The stored key/value parameters ``(W_K, b_K, W_V, b_V)``, one per key/value
+        head (``[n_key_value_heads, ...]``): what to write to change the keys and values
+        (under grouped-query attention ``W_K`` etc. are expanded copies and these are
+        ``_W_K``, ``_b_K``, ``_W_V``, ``_b_V``)."""
+        W_K, b_K, W_V, b_V = (self._parameters[name] for name in self._kv_names)
+        assert W_K is not None and b_K is not None and W_V is not None and b_V is not None
+        return W_K, b_K, W_V, b_V
+
+    def _expand_kv(self, t: torch.Tensor, batch: int) -> torch.Tensor:
+        """Heads-first key/value storage ``[n_kv*batch, pos, d]`` as one row block per
+        query head ``[n_heads*batch, pos, d]`` (itself when every head has its own)."""
+        group = self.n_heads // self.n_kv_heads
+        if group == 1:
+            return t
+        n_kv = self.n_kv_heads
+        return t.view(n_kv, batch, *t.shape[1:]).repeat_interleave(group, dim=0).flatten(0, 1)
+
     def forward(
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
@@ -83,16 +115,18 @@ class Attention(nn.Module):
             return self._forward_idle(x)
         batch, n_pos, d_model = x.shape
         h = self.n_heads
+        W_K, b_K, W_V, b_V = self.kv_parameters()
         # [n_heads, batch*pos, d_model] view of x: q_h = x W_Q[h] + b_Q[h] for every head
         rows = x.reshape(1, batch * n_pos, d_model).expand(h, -1, -1)
+        kv_rows = rows[: self.n_kv_heads]
         q = self.hook_q(_split(torch.baddbmm(self.b_Q.unsqueeze(1), rows, self.W_Q), batch))
-        k = self.hook_k(_split(torch.baddbmm(self.b_K.unsqueeze(1), rows, self.W_K), batch))
-        v = self.hook_v(_split(torch.baddbmm(self.b_V.unsqueeze(1), rows, self.W_V), batch))
+        k = self.hook_k(_split(torch.baddbmm(b_K.unsqueeze(1), kv_rows, W_K), batch))
+        v = self.hook_v(_split(torch.baddbmm(b_V.unsqueeze(1), kv_rows, W_V), batch))
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q))
             k = self.hook_rot_k(self.rotary(k))
         # [n_heads*batch, dest_pos, src_pos]: scores = q k^T / sqrt(d_head) (+ causal mask)
-        q_hb, k_hb = _merge(q), _merge(k)
+        q_hb, k_hb = _merge(q), self._expand_kv(_merge(k), batch)
         if self.causal:
             scores = torch.baddbmm(
                 self.mask_bias[:n_pos, :n_pos], q_hb, k_hb.transpose(1, 2), alpha=self.scale
@@ -102,7 +136,8 @@ class Attention(nn.Module):
         scores = _merge_scores(self.hook_attn_scores(_split_scores(scores, h)))
         pattern = _merge_scores(self.hook_pattern(_split_scores(scores.softmax(dim=-1), h)))
         # z = pattern v, then each head's result z_h W_O[h]
-        z = self.hook_z(_split(torch.bmm(pattern, _merge(v)).view(h, -1, v.shape[-1]), batch))
+        v_hb = self._expand_kv(_merge(v), batch)
+        z = self.hook_z(_split(torch.bmm(pattern, v_hb).view(h, -1, v.shape[-1]), batch))
         result = torch.bmm(_merge(z).view(h, batch * n_pos, -1), self.W_O)
         result = _merge(self.hook_result(_split(result, batch))).view(h, batch * n_pos, -1)
         return (result.sum(dim=0) + self.b_O).view(batch, n_pos, d_model)
@@ -115,14 +150,17 @@ class Attention(nn.Module):
         between the heads-first storage and the ``[batch, pos, n_heads, ...]`` views
         they would be shown, so the output is the same to the bit (tested)."""
         batch, n_pos, d_model = x.shape
-        h = self.n_heads
+        h, n_kv = self.n_heads, self.n_kv_heads
+        W_K, b_K, W_V, b_V = self.kv_parameters()
         rows = x.reshape(1, batch * n_pos, d_model).expand(h, -1, -1)
+        kv_rows = rows[:n_kv]
         q = torch.baddbmm(self.b_Q.unsqueeze(1), rows, self.W_Q).view(h * batch, n_pos, -1)
-        k = torch.baddbmm(self.b_K.unsqueeze(1), rows, self.W_K).view(h * batch, n_pos, -1)
-        v = torch.baddbmm(self.b_V.unsqueeze(1), rows, self.W_V).view(h * batch, n_pos, -1)
+        k = torch.baddbmm(b_K.unsqueeze(1), kv_rows, W_K).view(n_kv * batch, n_pos, -1)
+        v = torch.baddbmm(b_V.unsqueeze(1), kv_rows, W_V).view(n_kv * batch, n_pos, -1)
         if self.rotary is not None:  # rotated as forward rotates them, on the same views
             q = _merge(self.rotary(_split(q.view(h, batch * n_pos, -1), batch)))
-            k = _merge(self.rotary(_split(k.view(h, batch * n_pos, -1), batch)))
+            k = _merge(self.rotary(_split(k.view(n_kv, batch * n_pos, -1), batch)))
+        k, v = self._expand_kv(k, batch), self._expand_kv(v, batch)
         if self.causal:
             scores = torch.baddbmm(
                 self.mask_bias[:n_pos, :n_pos], q, k.transpose(1, 2), alpha=self.scale
@@ -132,6 +170,56 @@ class Attention(nn.Module):
         z = torch.bmm(scores.softmax(dim=-1), v).view(h, batch * n_pos, -1)
         result = torch.bmm(z, self.W_O)
         return (result.sum(dim=0) + self.b_O).view(batch, n_pos, d_model)
+
+
+class GroupedQueryAttention(Attention):
+    """:class:`Attention` whose keys and values are shared by groups of query heads.
+
+    TransformerLens's ``GroupedQueryAttention`` storage and names: the parameters are
+    ``_W_K``, ``_W_V`` ``[n_key_value_heads, d_model, d_head]`` and ``_b_K``, ``_b_V``
+    ``[n_key_value_heads, d_head]``; query head ``h`` uses key/value head
+    ``h // (n_heads // n_key_value_heads)`` (``repeat_interleave``, as Llama's
+    ``repeat_kv``). ``W_K``, ``W_V``, ``b_K`` and ``b_V`` read the parameters expanded to
+    one per query head, ``[n_heads, ...]``: for reading only. They are new tensors, so an
+    in-place write into them changes nothing; write ``_W_K`` etc. (or
+    :meth:`kv_parameters`) instead, and assigning them raises.
+    """
+
+    _W_K: nn.Parameter
+    _W_V: nn.Parameter
+    _b_K: nn.Parameter
+    _b_V: nn.Parameter
+
+    def _per_query_head(self, t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)
+
+    @property
+    def W_K(self) -> Float[torch.Tensor, "n_heads d_model d_head"]:  # type: ignore[override]
+        """``_W_K`` expanded per query head (a new tensor: read only)."""
+        return self._per_query_head(self._W_K)
+
+    @property
+    def W_V(self) -> Float[torch.Tensor, "n_heads d_model d_head"]:  # type: ignore[override]
+        """``_W_V`` expanded per query head (a new tensor: read only)."""
+        return self._per_query_head(self._W_V)
+
+    @property
+    def b_K(self) -> Float[torch.Tensor, "n_heads d_head"]:  # type: ignore[override]
+        """``_b_K`` expanded per query head (a new tensor: read only)."""
+        return self._per_query_head(self._b_K)
+
+    @property
+    def b_V(self) -> Float[torch.Tensor, "n_heads d_head"]:  # type: ignore[override]
+        """``_b_V`` expanded per query head (a new tensor: read only)."""
+        return self._per_query_head(self._b_V)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in ("W_K", "W_V", "b_K", "b_V"):
+            raise AttributeError(
+                f"GroupedQueryAttention.{name} is the key/value parameter _{name} "
+                f"[n_key_value_heads, ...] expanded per query head, read only: write _{name}"
+            )
+        super().__setattr__(name, value)
 
 
 def _split(t: torch.Tensor, batch: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
-from .attention import Attention
-from .mlp import MLP
+from .attention import Attention, GroupedQueryAttention
+from .mlp import MLP, GatedMLP
 from .norm import Norm
 
 
@@ -27,20 +27,20 @@ class TransformerBlock(nn.Module):
     ln1: nn.Module
     attn: Attention
     ln2: nn.Module  # absent when attn_only
-    mlp: MLP  # absent when attn_only
+    mlp: MLP | GatedMLP  # absent when attn_only
 
     def __init__(self, cfg: VectorTransformerConfig):
         super().__init__()
         # created in forward order, so that hook_dict lists hooks in the order they fire
         self.hook_resid_pre = HookPoint()
         self.ln1 = _maybe_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = GroupedQueryAttention(cfg) if cfg.is_gqa else Attention(cfg)
         self.hook_attn_out = HookPoint()
         self.attn_only = cfg.attn_only
         if not cfg.attn_only:
             self.hook_resid_mid = HookPoint()
             self.ln2 = _maybe_norm(cfg)
-            self.mlp = MLP(cfg)
+            self.mlp = GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
             self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 

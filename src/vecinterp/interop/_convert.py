@@ -1,0 +1,188 @@
+"""Helpers shared by the importers of models trained elsewhere (:mod:`vecinterp.interop.hf`,
+:mod:`vecinterp.interop.hf_gpt2`, :mod:`vecinterp.interop.torch_encoder`): reading the
+linear maps around a backbone, splitting fused projections into heads, and filling a new
+:class:`~vecinterp.HookedVectorTransformer` with every parameter.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..model.config import VectorTransformerConfig
+from ..model.transformer import HookedVectorTransformer, uninitialised_weights
+from ..model.validation import check_float_dtype
+
+
+def fail(what: str, problems: list[str]) -> None:
+    """Raise one ``ValueError`` listing every reason ``what`` cannot be converted."""
+    if problems:
+        listed = "".join(f"\n  - {p}" for p in problems)
+        raise ValueError(f"cannot convert {what}:{listed}")
+
+
+def linear_parts(
+    name: str, linear: object, *, d_in: int | None = None, d_out: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight [out, in], bias [out] or None)`` of an ``nn.Linear`` or a ``(weight,
+    bias)`` / ``(weight,)`` tuple in ``nn.Linear``'s layout (``y = x W^T + b``), checked
+    against the expected ``d_in`` (columns) and ``d_out`` (rows) where given."""
+    weight: Any
+    bias: Any
+    if isinstance(linear, nn.Linear):
+        weight, bias = linear.weight, linear.bias
+    elif isinstance(linear, tuple | list) and len(linear) in (1, 2):
+        weight = linear[0]
+        bias = linear[1] if len(linear) == 2 else None
+    else:
+        raise TypeError(
+            f"{name} must be an nn.Linear or a (weight, bias) tuple in nn.Linear's layout "
+            f"(weight [out, in], bias [out] or None), got {type(linear).__name__}"
+        )
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+        raise ValueError(
+            f"{name}'s weight must be a 2-dim torch.Tensor [out, in], got "
+            + (f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else repr(weight))
+        )
+    if not weight.is_floating_point():
+        raise TypeError(f"{name}'s weight must be a floating-point tensor, got {weight.dtype}")
+    if d_in is not None and weight.shape[1] != d_in:
+        raise ValueError(
+            f"{name}'s weight must be [out, in] with in = {d_in} (the backbone's width), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    if d_out is not None and weight.shape[0] != d_out:
+        raise ValueError(
+            f"{name}'s weight must be [out, in] with out = {d_out} (the backbone's width), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    if bias is not None and (
+        not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],)
+    ):
+        raise ValueError(
+            f"{name}'s bias must be a torch.Tensor [out] = [{weight.shape[0]}] or None, got "
+            + (f"shape {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else repr(bias))
+        )
+    return weight.detach(), None if bias is None else bias.detach()
+
+
+def heads_in(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``[d_model, n_heads * d_head]`` (heads side by side in the columns, as a fused
+    projection writes them) as vecinterp's ``[n_heads, d_model, d_head]``."""
+    d_model = weight.shape[0]
+    return weight.reshape(d_model, n_heads, -1).permute(1, 0, 2)
+
+
+def heads_out(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``[n_heads * d_head, d_model]`` (heads stacked in the rows) as ``[n_heads, d_head,
+    d_model]``."""
+    return weight.reshape(n_heads, -1, weight.shape[-1])
+
+
+def merge_heads_in(W: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`heads_in`: ``[n_heads, d_model, d_head]`` to ``[d_model,
+    n_heads * d_head]``."""
+    return W.permute(1, 0, 2).reshape(W.shape[1], -1)
+
+
+def check_dtype(dtype: object, default: torch.dtype) -> torch.dtype:
+    """``dtype`` (a floating-point ``torch.dtype``), or ``default`` when it is ``None``."""
+    if dtype is None:
+        return default
+    check_float_dtype("dtype", dtype)
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+def build_model(
+    cfg: VectorTransformerConfig,
+    params: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    source: str,
+) -> HookedVectorTransformer:
+    """A new model of ``cfg`` whose every parameter is copied from ``params`` (by name),
+    cast to ``dtype`` on ``device``. A missing, extra or misshapen parameter means the
+    checks of the importer missed a configuration: a ``ValueError`` says so."""
+    with uninitialised_weights():  # every parameter is overwritten below
+        model = HookedVectorTransformer(cfg, seed=None, dtype=dtype, device=device)
+    target = dict(model.named_parameters())
+    problems = [
+        f"{source} gives {name}, which the model lacks" for name in set(params) - set(target)
+    ]
+    problems += [f"nothing fills the model's {name}" for name in set(target) - set(params)]
+    problems += [
+        f"{name}: {source} gives shape {tuple(params[name].shape)}, the model needs "
+        f"{tuple(p.shape)}"
+        for name, p in target.items()
+        if name in params and params[name].shape != p.shape
+    ]
+    fail(f"the {source} model's parameters", sorted(problems))
+    with torch.no_grad():
+        for name, p in target.items():
+            p.copy_(params[name].to(device=device, dtype=dtype))
+    return model
+
+
+def layer_norm_parts(
+    name: str, norm: object, d_model: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, float, list[str]]:
+    """``(weight, bias, eps, problems)`` of an ``nn.LayerNorm`` over ``d_model``; the weight
+    and bias are ``None`` where the norm has none (``elementwise_affine=False``,
+    ``bias=False``): they are 1 and 0."""
+    if not isinstance(norm, nn.LayerNorm):
+        return (
+            None,
+            None,
+            0.0,
+            [
+                f"{name} is a {type(norm).__name__}, not an nn.LayerNorm (vecinterp's "
+                "normalization is LayerNorm here)"
+            ],
+        )
+    if tuple(norm.normalized_shape) != (d_model,):
+        return (
+            None,
+            None,
+            0.0,
+            [
+                f"{name} normalizes over {tuple(norm.normalized_shape)}, not the last axis "
+                f"({d_model},)"
+            ],
+        )
+    return norm.weight, norm.bias, float(norm.eps), []
+
+
+def ln_params(
+    prefix: str, weight: torch.Tensor | None, bias: torch.Tensor | None, d_model: int
+) -> dict[str, torch.Tensor]:
+    """``{prefix}.w`` and ``{prefix}.b``, ones and zeros where the source has none."""
+    ones = torch.ones(d_model, dtype=torch.float64)
+    return {
+        f"{prefix}.w": ones if weight is None else weight.detach(),
+        f"{prefix}.b": torch.zeros_like(ones) if bias is None else bias.detach(),
+    }
+
+
+def module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype of ``module``'s first floating-point parameter."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.device, p.dtype
+    return torch.device("cpu"), torch.float32
+
+
+def embed_params(
+    read_in: tuple[torch.Tensor, torch.Tensor | None],
+    read_out: tuple[torch.Tensor, torch.Tensor | None],
+) -> dict[str, Any]:
+    """``embed.W_E`` (and ``embed.b_E``), ``unembed.W_U`` and ``unembed.b_U`` from the
+    linear maps ``read_in`` and ``read_out`` (``nn.Linear`` layout)."""
+    (w_in, b_in), (w_out, b_out) = read_in, read_out
+    params = {"embed.W_E": w_in.T, "unembed.W_U": w_out.T}
+    if b_in is not None:
+        params["embed.b_E"] = b_in
+    params["unembed.b_U"] = torch.zeros_like(w_out[:, 0]) if b_out is None else b_out
+    return params
