@@ -218,3 +218,28 @@ def test_a_bias_before_the_product_is_refused_to_transformer_lens(bias):
         getattr(model.blocks[1].mlp, bias)[3] = 0.5
     with pytest.raises(ValueError, match=f"blocks.1.mlp.{bias} is not zero"):
         to_transformer_lens(model)
+
+
+@tl_deprecation
+def test_transformer_lens_grouped_storage_with_one_kv_head_per_query_head_converts():
+    """TL stores _W_K even when n_key_value_heads == n_heads: that is ordinary attention."""
+    pytest.importorskip("transformer_lens")
+    import transformer_lens as tl
+
+    from vecinterp.interop.transformer_lens import from_transformer_lens, tl_forward_vectors
+
+    tl_model = tl.HookedTransformer(
+        tl.HookedTransformerConfig(
+            d_model=8, d_head=4, n_heads=4, n_key_value_heads=4, n_layers=2, n_ctx=5,
+            d_vocab=3, d_mlp=16, act_fn="silu", gated_mlp=True, normalization_type="RMS",
+            positional_embedding_type="rotary", rotary_dim=4, rotary_adjacent_pairs=False,
+            seed=0, dtype=torch.float64,
+        )
+    )  # fmt: skip
+    assert "blocks.0.attn._W_K" in dict(tl_model.named_parameters())
+    model = from_transformer_lens(tl_model)
+    assert model.cfg.n_key_value_heads == 4 and not model.cfg.is_gqa
+    assert torch.equal(model.blocks[1].attn.W_V, tl_model.blocks[1].attn._W_V)
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(model(x), tl_forward_vectors(tl_model, x)) < 1e-10
