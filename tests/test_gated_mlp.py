@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import vecinterp as vi
-from helpers import ACT_FNS, random_input, random_model, tiny_cfg
+from helpers import ACT_FNS, random_input, random_model, tiny_cfg, unchecked
 from vecinterp.model.components import GatedMLP
 from vecinterp.testing import PlainTransformer
 
@@ -101,6 +101,19 @@ def test_decomposition_sums_and_processing_keeps_the_outputs():
     ln2, mlp = model.blocks[0].ln2, model.blocks[0].mlp
     assert rel(folded.blocks[0].mlp.W_gate, mlp.W_gate * ln2.w[:, None]) < F64_TOL
     assert rel(folded.blocks[0].mlp.b_gate, mlp.b_gate + ln2.b @ mlp.W_gate) < F64_TOL
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_gated_mlp_must_be_a_bool(bad):
+    with unchecked(), pytest.raises(ValueError, match="gated_mlp must be a bool"):
+        tiny_cfg(gated_mlp=bad)
+
+
+def test_attn_only_models_have_no_mlp_even_when_gated():
+    model = random_model(tiny_cfg(gated_mlp=True, attn_only=True))
+    assert not hasattr(model.blocks[0], "mlp")
+    x = random_input(model.cfg)
+    assert rel(model(x), PlainTransformer(model.cfg, model.state_dict())(x)) < F64_TOL
 
 
 def test_model_level_gate_stacks():
