@@ -277,9 +277,10 @@ def test_concepts_hook_table_lists_every_hook_point():
         name.replace(".L.", ".0.") for name in re.findall(r"^``([\w.]+)``\s{2,}", table, re.M)
     }
     hooks = set()
-    for positional in ("learned", "rotary"):
+    for positional, gated in (("learned", False), ("rotary", True)):
         cfg = vi.VectorTransformerConfig(
-            d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5, positional=positional
-        )
+            d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5, positional=positional,
+            gated_mlp=gated,
+        )  # fmt: skip
         hooks |= set(vi.HookedVectorTransformer(cfg, seed=0).hook_dict)
     assert documented == hooks

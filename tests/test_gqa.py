@@ -153,6 +153,7 @@ def test_hooked_and_idle_paths_agree_bitwise_and_hooks_edit_the_run():
     plain = model(x)
     y, cache = model.run_with_cache(x)
     assert torch.equal(y, plain)
+
     # an edit of kv head 1's values reaches query heads 2 and 3 only
     def zero_v1(v, hook):
         v[:, :, 1] = 0.0

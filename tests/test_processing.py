@@ -22,6 +22,7 @@ SCALE = 0.3  # random_model's noise: keeps 3-layer un-normalised outputs O(10)
 def configs(draw) -> vi.VectorTransformerConfig:
     positional = draw(st.sampled_from(POSITIONALS))
     d_head = draw(st.sampled_from([2, 4]))
+    n_heads = draw(st.sampled_from([1, 2, 3, 4]))
     return tiny_cfg(
         normalization=draw(st.sampled_from(NORMALIZATIONS)),
         positional=positional,
@@ -30,7 +31,9 @@ def configs(draw) -> vi.VectorTransformerConfig:
         attn_only=draw(st.booleans()),
         embed_bias=draw(st.booleans()),
         n_layers=draw(st.integers(1, 3)),
-        n_heads=draw(st.integers(1, 3)),
+        n_heads=n_heads,
+        n_key_value_heads=draw(st.sampled_from([k for k in (1, 2, 4) if n_heads % k == 0])),
+        gated_mlp=draw(st.booleans()),
         d_head=d_head,
         d_model=draw(st.sampled_from([4, 6, 8])),
         d_in=draw(st.integers(1, 4)),

@@ -384,8 +384,6 @@ def test_to_transformer_lens_bad_arguments():
 # valid model whose config is edited (the checks read the config)
 BUILT = {
     "parallel_attn_mlp": dict(parallel_attn_mlp=True),
-    "gated_mlp": dict(gated_mlp=True),
-    "n_key_value_heads": dict(n_key_value_heads=1),
     "positional_embedding_type='shortformer'": dict(positional_embedding_type="shortformer"),
     "positional_embedding_type='alibi'": dict(positional_embedding_type="alibi"),
     "rotary_dim=2 != d_head=4": dict(positional_embedding_type="rotary", rotary_dim=2),

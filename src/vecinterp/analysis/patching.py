@@ -33,8 +33,7 @@ __all__ = ["activation_patching", "patch_hook", "patch_qk_identity"]
 
 _HEAD_LEAVES = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z", "hook_result")
 """Hook points laid out ``[batch, pos, n_heads, ...]``."""
-_KV_LEAVES = ("hook_k", "hook_v", "hook_rot_k")
-"""Of those, the ones with a head per key/value head, ``[batch, pos, n_key_value_heads, ...]``."""
+_KV_LEAVES = ("hook_k", "hook_v", "hook_rot_k")  # of those, one head per key/value head
 _DEST_LEAVES = ("hook_pattern", "hook_attn_scores")
 """Hook points laid out ``[batch, n_heads, dest_pos, src_pos]``."""
 _BY = ("layer_pos", "layer", "head", "head_pos")
@@ -122,13 +121,7 @@ def activation_patching(
 
     ``"head"`` and ``"head_pos"`` need a per-head hook point: ``q``, ``k``, ``v``,
     ``rot_q``, ``rot_k``, ``z``, ``result`` (``[batch, pos, n_heads, ...]``) or
-    ``pattern``, ``attn_scores`` (``[batch, n_heads, dest_pos, src_pos]``). Under
-    grouped-query attention (``cfg.n_key_value_heads < n_heads``) ``k``, ``v`` and
-    ``rot_k`` have one head per key/value head, so their head axis is
-    ``n_key_value_heads``: patching key/value head ``g`` patches the keys (values) that
-    every query head of its group reads, query heads ``g * n_heads // n_key_value_heads``
-    up to the next group. To patch what one query head sees, patch its ``pattern`` or
-    ``z``.
+    ``pattern``, ``attn_scores`` (``[batch, n_heads, dest_pos, src_pos]``).
 
     A short ``hook_name`` (``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``,
     ``"attn_out"``, ``"mlp_out"``, ``"pre"``, ``"post"``, ``"z"``, ``"pattern"``, ...)
@@ -136,7 +129,7 @@ def activation_patching(
     ``[n_layers, pos]`` for ``by="layer_pos"``, ``[n_layers, n_heads]`` for ``"head"``,
     ``[n_layers, n_heads, pos]`` for ``"head_pos"``, ``[n_layers]`` for ``"layer"``. A full
     name (``"blocks.1.attn.hook_z"``, ``"hook_embed"``) sweeps that one hook point and has
-    no layer axis.
+    no layer axis. Grouped-query ``k``, ``v``, ``rot_k`` have ``n_key_value_heads`` heads.
 
     Batching: for each hook point, the corrupted batch is tiled ``k`` times (``k =
     chunk_size`` cells per pass) and copy ``i`` patches cell ``i`` only, with a boolean
@@ -200,9 +193,8 @@ def activation_patching(
             f"pattern, attn_scores), got {hook_name!r}; use by='layer_pos' or 'layer'"
         )
     batch, n_pos = clean_x.shape[0], clean_x.shape[1]
-    # keys and values have one head per key/value head (grouped-query attention)
-    kv = names[0].rsplit(".", 1)[-1] in _KV_LEAVES
-    cells, cell_shape = _cells(layout, by, n_pos, model.cfg.n_kv_heads if kv else model.cfg.n_heads)
+    n_heads = model.cfg.n_kv_heads if names[0].endswith(_KV_LEAVES) else model.cfg.n_heads
+    cells, cell_shape = _cells(layout, by, n_pos, n_heads)
     k_max = max(1, _AUTO_SEQUENCES // batch) if chunk_size is None else chunk_size
     with torch.no_grad():
         clean_acts = _clean_activations(model, clean_x, names, clean_cache)

@@ -26,17 +26,32 @@ vecinterp                   TransformerLens ``HookedTransformerConfig``
                             ``rotary_dim = d_head``, GPT-NeoX pairs
                             (``rotary_adjacent_pairs=False``) and ``rotary_base``
 ``causal``                  ``attention_dir`` (``"causal"`` / ``"bidirectional"``)
+``gated_mlp``               ``gated_mlp``: TL's ``W_gate``, ``W_in``, ``W_out``,
+                            ``b_out`` are ours; TL has no gate bias and adds its
+                            ``b_in`` after the product (see below)
+``n_key_value_heads``       ``n_key_value_heads`` (``None`` to TL when every query
+                            head has its own; both store ``_W_K``, ``_W_V``,
+                            ``_b_K``, ``_b_V`` ``[n_key_value_heads, ...]``)
 ``init``, ``init_range``    ``initializer_range`` (``init_std`` to TL; from TL,
                             ``init="transformer_lens"`` with TL's range: TL's
                             ``init_mode="gpt2"``)
 ==========================  ==========================================================
 
+Gated MLPs: ours is Llama's ``(act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out``,
+TL's ``(act(x W_gate) * (x W_in) + b_in) W_out + b_out``. To TL a model converts exactly
+when its ``b_gate`` and ``b_in`` are zero (then TL's ``b_in`` is 0), and is refused
+otherwise: a bias before the product has no TL form. From TL, TL's post-product ``b_in``
+is folded into ``b_out`` (``b_out + b_in W_out``; ``b_gate = b_in = 0``), which keeps every
+output and every other activation exact, while ``hook_post`` is TL's minus the constant
+``b_in``.
+
 What cannot be converted raises a :class:`ValueError` listing every reason. From
-vecinterp: ``embed_bias=True`` (TL's embedding has no bias); ``positional="sinusoidal"``
+vecinterp: ``embed_bias=True`` (TL's embedding has no bias); a gated MLP with a nonzero
+``b_gate`` or ``b_in``; ``positional="sinusoidal"``
 and ``"none"`` (TL has no fixed or absent absolute positions; with
 ``as_learned_positions=True`` they become a learned ``W_pos`` holding the fixed table or
 zeros: the same function, but converting back gives ``positional="learned"``). From TL:
-parallel attention and MLP, gated MLPs, grouped-query attention, mixture of experts,
+parallel attention and MLP, mixture of experts,
 local attention, shortformer/ALiBi/relative positions, partial or adjacent-pair rotary,
 rotary scaling (NTK, YaRN, dynamic NTK), a final RMS norm in an LN model, extra norms
 (after the embedding, after each sub-layer, on queries and keys), soft caps, attention
@@ -150,7 +165,7 @@ def to_transformer_lens(
         TypeError: ``model`` is not a :class:`~vecinterp.HookedVectorTransformer`.
         ValueError: the configuration has no TransformerLens equivalent (every reason is
             listed): ``embed_bias=True``; sinusoidal or no positions without
-            ``as_learned_positions``.
+            ``as_learned_positions``; a gated MLP with a nonzero ``b_gate`` or ``b_in``.
 
     Example:
         >>> import torch, vecinterp as vi

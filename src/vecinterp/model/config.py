@@ -142,7 +142,7 @@ class VectorTransformerConfig:
         if self.n_key_value_heads is None:
             object.__setattr__(self, "n_key_value_heads", self.n_heads)
         _require_positive_int("n_key_value_heads", self.n_key_value_heads)
-        if self.n_heads % self.n_key_value_heads != 0:
+        if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
                 f"VectorTransformerConfig.n_key_value_heads must divide n_heads "
                 f"({self.n_heads}): each key/value head serves a group of n_heads // "

@@ -50,7 +50,7 @@ class PlainTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         sd = {k: v.detach().clone() for k, v in state_dict.items()}
-        h, d, dh, n_kv = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_kv_heads
+        h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head
         kv = "_" if cfg.is_gqa else ""  # grouped-query keys and values: _W_K, ...
         p = nn.ParameterDict()
         p["embed_w"] = nn.Parameter(sd["embed.W_E"].T.contiguous())

@@ -1,6 +1,7 @@
 """Multi-head self-attention with a hook at every intermediate activation."""
 
 import math
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -213,7 +214,7 @@ class GroupedQueryAttention(Attention):
         """``_b_V`` expanded per query head (a new tensor: read only)."""
         return self._per_query_head(self._b_V)
 
-    def __setattr__(self, name: str, value: object) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in ("W_K", "W_V", "b_K", "b_V"):
             raise AttributeError(
                 f"GroupedQueryAttention.{name} is the key/value parameter _{name} "
