@@ -24,6 +24,7 @@ from .cache import ActivationCache, act_name
 from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
 from .interop import (
+    from_garg_checkpoint,
     from_hf,
     from_torch_encoder,
     from_transformer_lens,
@@ -86,6 +87,7 @@ __all__ = [
     "process_weights",
     "save",
     "from_hf",
+    "from_garg_checkpoint",
     "from_torch_encoder",
     "to_hf",
     "to_torch_encoder",
