@@ -9,8 +9,11 @@ minGPT's ``adder.py``.
   induction-head story of Elhage et al., 2021, with vectors).
 - :mod:`vecinterp.tasks.retrieval`: the retrieval problem of Musat (2024): follow chains
   of symbol pairs in context (implicit-curriculum and plain targets).
+- :mod:`vecinterp.tasks.linear_regression`: in-context linear regression (Garg et al.,
+  2022), with its baselines and a shipped reference model.
 """
 
 from . import affine_recurrence as affine_recurrence
 from . import induction as induction
+from . import linear_regression as linear_regression
 from . import retrieval as retrieval

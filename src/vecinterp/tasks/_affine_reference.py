@@ -5,14 +5,12 @@ Public through :mod:`vecinterp.tasks.affine_recurrence` (``REFERENCE_MODELS``,
 data lookup apart from the task's data generation.
 """
 
-import importlib.resources
-import os
 import typing
 from pathlib import Path
 
 import torch
 
-from ._common import check_device, check_dtype
+from ._shipped import load_folder, shipped_folder
 
 if typing.TYPE_CHECKING:  # the model is imported inside load_reference, see there
     from ..model.transformer import HookedVectorTransformer
@@ -28,10 +26,6 @@ REFERENCE_MODELS: dict[str, str] = {
     ),
 }
 # Documented in affine_recurrence.REFERENCE_MODELS, the public name.
-
-
-_REFERENCE_PACKAGE = "vecinterp.tasks"
-_REFERENCE_DIR = "reference"
 
 
 def reference_path(name: str = "fast") -> Path:
@@ -69,24 +63,11 @@ def reference_path(name: str = "fast") -> Path:
         raise ValueError(
             f"name must be one of the reference models {sorted(REFERENCE_MODELS)}, got {name!r}"
         )
-    folder = f"affine_recurrence_{name}"
-    resource = importlib.resources.files(_REFERENCE_PACKAGE) / _REFERENCE_DIR / folder
-    if not isinstance(resource, os.PathLike):
-        raise FileNotFoundError(
-            f"the reference model {name!r} is not a folder on disk: this vecinterp is installed "
-            f"in a form whose files are not directories ({type(resource).__name__}); install it "
-            "from a wheel or an sdist (pip install vecinterp)"
-        )
-    path = Path(os.fspath(resource))
-    missing = [f for f in ("config.json", "model.safetensors") if not (path / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"the reference model {name!r} is missing from this installation ({path} lacks "
-            f"{', '.join(missing)}). Reinstall vecinterp (pip install --force-reinstall "
-            "vecinterp; the wheel ships it), or train one with examples/train_affine.py and "
-            "load it with vecinterp.load"
-        )
-    return path
+    return shipped_folder(
+        f"affine_recurrence_{name}",
+        name,
+        "train one with examples/train_affine.py and load it with vecinterp.load",
+    )
 
 
 def load_reference(
@@ -122,13 +103,4 @@ def load_reference(
         >>> vi.evaluate(model, ar.fixed_eval_set(12, 32, seed=1)) < 1e-3  # masked MSE
         True
     """
-    # Imported here, not at the top: the data code of this module does not depend on the
-    # model code (see affine_recurrence.MODEL_CONFIG_KWARGS), and importing it stays light.
-    from ..model.io import load
-
-    path = reference_path(name)
-    if dtype is not None:
-        check_dtype(dtype)
-    target = None if device is None else check_device(device)
-    model = load(path, device=target)
-    return model if dtype is None else model.to(dtype=dtype)
+    return load_folder(reference_path(name), device, dtype)
