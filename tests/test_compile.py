@@ -16,9 +16,8 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import vecinterp as vi
-from vecinterp.model import config as config_module
-
 from helpers import random_model, tiny_cfg
+from vecinterp.model import config as config_module
 
 
 @pytest.fixture(autouse=True)
@@ -93,15 +92,14 @@ def test_forward_is_one_graph_for_every_shape(overrides):
     ("dtype", "rtol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"]
 )
 def test_inductor_forward_equals_eager(dtype, rtol):
+    # one static shape: an inductor compile takes tens of seconds on a small shared CPU
     model = random_model(tiny_cfg(positional="rotary"), dtype=dtype)
-    compiled = torch.compile(model, fullgraph=True, dynamic=True)
-    gen = torch.Generator().manual_seed(1)
-    for batch, n_pos in [(4, 7), (2, 5)]:
-        x = torch.randn(batch, n_pos, 3, generator=gen, dtype=dtype)
-        eager = model(x)
-        got = compiled(x)
-        scale = eager.abs().max()
-        assert (got - eager).abs().max() <= rtol * scale, (got - eager).abs().max() / scale
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(4, 7, 3, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    eager = model(x)
+    got = compiled(x)
+    scale = eager.abs().max()
+    assert (got - eager).abs().max() <= rtol * scale, (got - eager).abs().max() / scale
 
 
 def test_compiled_forward_still_refuses_bad_inputs():
@@ -114,12 +112,17 @@ def test_compiled_forward_still_refuses_bad_inputs():
         model(x)  # eager: the message names the first bad index
     with pytest.raises(RuntimeError, match="x contains NaN or inf"):
         compiled(x)  # compiled: an assert inside the graph, no index
-    # the host-side checks (shapes, dtype) are guards of the graph: a failing input is
-    # traced afresh and refused with the eager message
+    # the host-side checks (shapes, dtype) are guards of the graph: an input that fails
+    # them is traced afresh, the check raises, and dynamo runs the call eagerly, which
+    # raises the eager error (with fullgraph=True dynamo reports its own error instead)
+    lenient = torch.compile(model, backend="eager", dynamic=True)
+    lenient(torch.randn(2, 5, 3))
     with pytest.raises(ValueError, match="at most n_ctx=7"):
-        compiled(torch.randn(2, 8, 3))
+        lenient(torch.randn(2, 8, 3))
     with pytest.raises(TypeError, match="dtype torch.float64"):
-        compiled(torch.randn(2, 5, 3, dtype=torch.float64))
+        lenient(torch.randn(2, 5, 3, dtype=torch.float64))
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled(torch.randn(2, 8, 3))
     # targets with NaN at a used position, under the loss
     t = torch.randn(2, 5, 5)
     t[0, 4, 1] = float("inf")
@@ -213,3 +216,76 @@ def test_compiled_wrapper_run_with_cache_matches_eager():
     ref_y2 = model.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_z", _zero_resid)])
     torch.testing.assert_close(y2, ref_y2, rtol=0, atol=0)
     assert not torch.equal(y2, ref_y)
+
+
+# -- train(compile=True) -----------------------------------------------------------------
+def _make_batch(step, gen):
+    x = torch.randn(4, 5, 3, generator=gen, dtype=torch.float64)
+    return x, torch.tanh(x.flip(1)).repeat(1, 1, 2)[..., :5]
+
+
+def _train(model, **kwargs):
+    args = dict(steps=6, lr=1e-2, grad_clip=1.0, progress=False, device="cpu", sync_every=2)
+    args.update(kwargs)
+    return vi.train(model, _make_batch, **args)
+
+
+def test_compiled_training_equals_eager_and_resumes_bit_identically(tmp_path):
+    model = random_model(tiny_cfg(), dtype=torch.float64)
+    eager = _train(model)
+    full = _train(model, compile=True, checkpoint_dir=tmp_path / "full", checkpoint_every=3)
+    # float64: the compiled kernels round differently (fused, reordered sums); six AdamW
+    # steps keep the difference near float64's rounding
+    torch.testing.assert_close(
+        torch.tensor(full.history.train_loss), torch.tensor(eager.history.train_loss),
+        rtol=1e-10, atol=0,
+    )  # fmt: skip
+    for (name, p), q in zip(full.model.named_parameters(), eager.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12, msg=name)
+
+    def stop_after_3(step, metrics):
+        if step == 2:
+            raise KeyboardInterrupt  # the run is killed after its checkpoint at step 3
+
+    with pytest.raises(KeyboardInterrupt):
+        _train(model, compile=True, checkpoint_dir=tmp_path / "cut", checkpoint_every=3,
+               callback=stop_after_3)  # fmt: skip
+    resumed = _train(model, compile=True, checkpoint_dir=tmp_path / "cut", checkpoint_every=3,
+                     resume=True)  # fmt: skip
+    assert resumed.history.train_loss == full.history.train_loss
+    for p, q in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_compiled_training_names_a_bad_batch():
+    model = random_model(tiny_cfg(), dtype=torch.float64)
+
+    def bad_at_2(step, gen):
+        x, t = _make_batch(step, gen)
+        if step == 2:
+            x[1, 3, 0] = float("nan")
+        return x, t
+
+    with pytest.raises(
+        ValueError,
+        match=r"make_batch\(2, \.\.\.\): inputs contain NaN or inf \(first at index \[1, 3, 0\]\)",
+    ):
+        vi.train(model, bad_at_2, steps=4, lr=1e-2, progress=False, device="cpu",
+                 compile=True)  # fmt: skip
+    with pytest.raises(TypeError, match="compile must be True or False"):
+        vi.train(model, _make_batch, steps=1, lr=1e-2, progress=False, compile="yes")
+
+
+def test_compiled_ensemble_equals_eager():
+    models = [random_model(tiny_cfg(), seed=s, dtype=torch.float64) for s in (0, 1)]
+    args = dict(steps=3, lr=1e-2, grad_clip=1.0, progress=False, device="cpu")
+    eager = vi.train_ensemble(models, _make_batch, **args)
+    compiled = vi.train_ensemble(models, _make_batch, compile=True, **args)
+    for e, c in zip(eager, compiled, strict=True):
+        # float64, three AdamW steps: the difference stays near float64's rounding
+        torch.testing.assert_close(
+            torch.tensor(c.history.train_loss), torch.tensor(e.history.train_loss),
+            rtol=1e-10, atol=0,
+        )  # fmt: skip
+        for p, q in zip(c.model.parameters(), e.model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
