@@ -656,7 +656,9 @@ class HookedVectorTransformer(HookedModule):
         )
 
 
-@torch.compiler.disable
+# torch.compiler.disable, but importing dynamo at its first call rather than with
+# vecinterp (torch.compiler.disable imports it at once: seconds on every import)
+@torch._disable_dynamo
 def _run_eagerly(model: HookedVectorTransformer, x: torch.Tensor, **kwargs: Any) -> Any:
     """``model.forward`` outside the compiled graph, for a compiled model called with hooks
     attached; warns that hooked calls are not compiled (once, under Python's default
