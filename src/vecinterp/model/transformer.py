@@ -21,7 +21,7 @@ from torch import nn
 from ..factored_matrix import FactoredMatrix
 from ..hooks import HookedModule, HookPoint, NameFilter
 from ..hooks.hook_point import idle
-from ..loss import loss_positions, masked_mse
+from ..loss import loss_positions, masked_mse, mse_at
 from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
 from .config import VectorTransformerConfig
 from .validation import (
@@ -330,7 +330,12 @@ class HookedVectorTransformer(HookedModule):
         check_like("targets", targets, tuple(out.shape), out)
         used = loss_positions(loss_mask, out.shape[:-1], out.device)
         check_finite("targets", targets, where=used)
-        loss = masked_mse(out, targets.to(out.dtype), loss_mask)
+        if torch.compiler.is_compiling():  # masked_mse reads its count back: not in a graph
+            count = used.sum()
+            torch._assert_async(count > 0, "loss_mask selects no position")
+            loss = mse_at(out, targets.to(out.dtype), loss_mask, reduction="sum") / count
+        else:
+            loss = masked_mse(out, targets.to(out.dtype), loss_mask)
         return loss if return_type == "loss" else (out, loss)
 
     def _hook_points(self) -> list[HookPoint]:
