@@ -14,6 +14,7 @@ import jaxtyping
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
 
 import vecinterp as vi
 from helpers import random_model, tiny_cfg
@@ -244,7 +245,10 @@ def _train(model, **kwargs):
 def test_compiled_training_equals_eager_and_resumes_bit_identically(tmp_path):
     model = random_model(tiny_cfg(), dtype=torch.float64)
     eager = _train(model)
+    counters.clear()
     full = _train(model, compile=True, checkpoint_dir=tmp_path / "full", checkpoint_every=3)
+    assert counters["stats"]["unique_graphs"] == 1  # the step was compiled, as one graph
+    assert not counters["graph_break"]
     # float64: the compiled kernels round differently (fused, reordered sums); six AdamW
     # steps keep the difference near float64's rounding
     torch.testing.assert_close(
@@ -291,7 +295,9 @@ def test_compiled_ensemble_equals_eager():
     models = [random_model(tiny_cfg(), seed=s, dtype=torch.float64) for s in (0, 1)]
     args = dict(steps=3, lr=1e-2, grad_clip=1.0, progress=False, device="cpu")
     eager = vi.train_ensemble(models, _make_batch, **args)
+    counters.clear()
     compiled = vi.train_ensemble(models, _make_batch, compile=True, **args)
+    assert counters["stats"]["unique_graphs"] >= 1  # compiled
     for e, c in zip(eager, compiled, strict=True):
         # float64, three AdamW steps: the difference stays near float64's rounding
         torch.testing.assert_close(
