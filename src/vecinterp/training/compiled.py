@@ -30,7 +30,6 @@ def compiled_step_loss() -> StepLoss:
     assert never fires before the training loop reads the flag and names the batch, as
     in eager training. A fresh compiled function per call (one per training run), so
     that runs do not share recompilations.
-
     """
     terms = torch.compile(_loss_terms)
 

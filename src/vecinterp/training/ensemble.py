@@ -225,8 +225,8 @@ def train_ensemble(
       ``torchrun``, every step is read.
     - ``compile``: compile the K members' batched forward pass (and with it its
       backward) with ``torch.compile``; the masked losses, clipping and AdamW stay as
-      they are. Members equal the eager ensemble's to rounding; checks, checkpoints and
-      bit-identical resume as without it. See :doc:`/howto_compile`.
+      they are. Members equal the eager ensemble's to rounding (tested); the checks and
+      checkpoints are those of the eager ensemble. See :doc:`/howto_compile`.
 
     Checkpoints: ``checkpoint_dir/member_003/step_00000500/`` is member 3's
     :func:`vecinterp.train` checkpoint after 500 updates (its config, optimizer state,
