@@ -176,6 +176,18 @@ def test_hook_added_after_a_compiled_call_runs_and_removed_stops():
         handle.remove()
     torch.testing.assert_close(compiled(x), plain, rtol=0, atol=0)
     assert seen == ["blocks.1.hook_resid_pre"]  # removed: not called again
+    # fullgraph=True: a hooked call cannot leave the graph, so it is refused, not run
+    # without its hooks (dynamo's cache is per function: cleared so that the graphs
+    # traced above without fullgraph are not reused)
+    torch._dynamo.reset()
+    strict = torch.compile(model, backend="eager", fullgraph=True)
+    strict(x)
+    handles = model.add_hook("blocks.1.hook_resid_pre", zero)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="_run_eagerly"):
+        strict(x)
+    assert seen == ["blocks.1.hook_resid_pre"]
+    for handle in handles:
+        handle.remove()
 
 
 def test_permanent_hooks_scoped_hooks_and_module_compile():
