@@ -35,7 +35,7 @@ from .interop import (
     to_transformer_lens,
 )
 from .loss import masked_mse
-from .model import HookedVectorTransformer, VectorTransformerConfig
+from .model import CompiledHooksWarning, HookedVectorTransformer, VectorTransformerConfig
 from .model.io import load, save
 from .model.processing import (
     center_writing_weights,
@@ -76,6 +76,7 @@ __all__ = [
     "FactoredMatrix",
     "HookHandle",
     "HookPoint",
+    "CompiledHooksWarning",
     "HookedVectorTransformer",
     "VectorTransformerConfig",
     "act_name",

@@ -123,7 +123,10 @@ def loss_positions(
         )
     if loss_mask.dtype != torch.bool:
         raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}")
-    if tuple(loss_mask.shape) not in (batch_pos, batch_pos[1:]):
+    shape = tuple(loss_mask.shape)
+    # two comparisons, not `in (a, b)`, which torch.compile's dynamo misjudges when the
+    # batch size is symbolic
+    if shape != batch_pos and shape != batch_pos[1:]:
         raise ValueError(
             f"loss_mask must have shape [batch, pos]={batch_pos} or "
             f"[pos]={batch_pos[1:]}, got {tuple(loss_mask.shape)}"

@@ -10,6 +10,6 @@ which imports :mod:`vecinterp.cache.recording` when it is called (it returns an
 """
 
 from .config import VectorTransformerConfig
-from .transformer import HookedVectorTransformer
+from .transformer import CompiledHooksWarning, HookedVectorTransformer
 
-__all__ = ["HookedVectorTransformer", "VectorTransformerConfig"]
+__all__ = ["CompiledHooksWarning", "HookedVectorTransformer", "VectorTransformerConfig"]

@@ -9,6 +9,7 @@ In the model layer (see :mod:`vecinterp.model`): ``run_with_cache`` hands the ru
 cache layer above, :mod:`vecinterp.cache.recording`, imported when it is called.
 """
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,8 @@ from torch import nn
 
 from ..factored_matrix import FactoredMatrix
 from ..hooks import HookedModule, HookPoint, NameFilter
-from ..loss import loss_positions, masked_mse
+from ..hooks.hook_point import idle
+from ..loss import loss_positions, masked_mse, mse_at
 from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
 from .config import VectorTransformerConfig
 from .validation import (
@@ -272,6 +274,13 @@ class HookedVectorTransformer(HookedModule):
             >>> bool(model(x, targets=t, loss_mask=mask, return_type="loss").isfinite())
             True
         """
+        if torch.compiler.is_compiling() and not idle(*self._hook_points()):
+            # hooks run as written, in Python: the hooked call leaves the compiled graph
+            # (dynamo guards on every point's hooks, so adding or removing one re-decides)
+            return _run_eagerly(
+                self, x, targets=targets, loss_mask=loss_mask, return_type=return_type,
+                start_at_layer=start_at_layer, stop_at_layer=stop_at_layer,
+            )  # fmt: skip
         if return_type not in RETURN_TYPES:
             reason = (
                 " ('logits' is TransformerLens's name: this model's output is a vector read "
@@ -321,8 +330,17 @@ class HookedVectorTransformer(HookedModule):
         check_like("targets", targets, tuple(out.shape), out)
         used = loss_positions(loss_mask, out.shape[:-1], out.device)
         check_finite("targets", targets, where=used)
-        loss = masked_mse(out, targets.to(out.dtype), loss_mask)
+        if torch.compiler.is_compiling():  # masked_mse reads its count back: not in a graph
+            count = used.sum()
+            torch._assert_async(count > 0, "loss_mask selects no position")
+            loss = mse_at(out, targets.to(out.dtype), loss_mask, reduction="sum") / count
+        else:
+            loss = masked_mse(out, targets.to(out.dtype), loss_mask)
         return loss if return_type == "loss" else (out, loss)
+
+    def _hook_points(self) -> list[HookPoint]:
+        """Every hook point below the model (a module walk, no naming: traced by dynamo)."""
+        return [m for m in self.modules() if isinstance(m, HookPoint)]
 
     # -- caching --------------------------------------------------------------------
     def run_with_cache(
@@ -672,6 +690,36 @@ class HookedVectorTransformer(HookedModule):
             f"d_mlp={None if c.attn_only else c.d_mlp}, normalization={c.normalization!r}, "
             f"positional={c.positional!r}, params={n_params:,})"
         )
+
+
+# torch.compiler.disable, but importing dynamo at its first call rather than with
+# vecinterp (torch.compiler.disable imports it at once: seconds on every import)
+@torch._disable_dynamo
+def _run_eagerly(model: HookedVectorTransformer, x: torch.Tensor, **kwargs: Any) -> Any:
+    """``model.forward`` outside the compiled graph, for a compiled model called with hooks
+    attached; warns that hooked calls are not compiled (once, under Python's default
+    warning filter, which shows a warning once per place that issues it)."""
+    warnings.warn(
+        "a compiled HookedVectorTransformer was called with hooks attached: hooked calls "
+        "run eagerly (not compiled), so every hook runs as written; calls without hooks "
+        "use the compiled graph",
+        CompiledHooksWarning,
+        stacklevel=1,
+    )
+    return model.forward(x, **kwargs)
+
+
+class CompiledHooksWarning(UserWarning):
+    """Warned (once, under Python's default warning filter) when a ``torch.compile``-d
+    :class:`HookedVectorTransformer` is called with hooks attached (``add_hook``, a
+    ``hooks()`` context, ``run_with_hooks``, ``run_with_cache``, PyTorch module hooks on a
+    hook point): such calls run eagerly, outside the compiled graph, so every hook runs
+    as written. Calls without hooks use the compiled graph. See :doc:`/howto_compile`.
+
+    Example:
+        >>> import warnings, vecinterp as vi
+        >>> warnings.simplefilter("ignore", vi.CompiledHooksWarning)  # silence it
+    """
 
 
 def _boundary(name: str, value: object, n_layers: int) -> int:

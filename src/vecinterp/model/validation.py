@@ -86,7 +86,16 @@ def finite_checks_taken_over() -> Iterator[None]:
 def check_finite(name: str, t: torch.Tensor, where: torch.Tensor | None = None) -> None:
     """Raise a ``ValueError`` naming ``name`` and the first bad index unless ``t`` is finite
     (only where the bool mask ``where``, broadcastable to ``t``'s leading axes, is True);
-    nothing inside :func:`finite_checks_taken_over`."""
+    nothing inside :func:`finite_checks_taken_over`.
+
+    Under ``torch.compile`` (while dynamo traces the caller) the check cannot read the
+    device back, which would break the graph: it becomes an assert inside the graph
+    (``torch._assert_async``), so a compiled model still refuses NaN/inf, with a
+    ``RuntimeError`` carrying the same message without the index (see
+    :doc:`/howto_compile`)."""
+    if torch.compiler.is_compiling():
+        _assert_finite_in_graph(name, t, where)
+        return
     if _FINITE_CHECKS_TAKEN_OVER.get():
         return
     if where is None:
@@ -99,6 +108,19 @@ def check_finite(name: str, t: torch.Tensor, where: torch.Tensor | None = None) 
         first = bad.nonzero()[0].tolist()
         used = " at a position the loss uses" if where is not None else ""
         raise ValueError(f"{name} contains NaN or inf{used} (first at index {first})")
+
+
+def _assert_finite_in_graph(name: str, t: torch.Tensor, where: torch.Tensor | None) -> None:
+    """:func:`check_finite` inside a compiled graph: an assert that runs with the graph
+    (a ``RuntimeError`` on the CPU, a device-side assert on a GPU), no host sync."""
+    if where is None:
+        ok = torch.isfinite(t).all()
+        used = ""
+    else:
+        mask = where.reshape(*where.shape, *[1] * (t.ndim - where.ndim))
+        ok = ~(~torch.isfinite(t) & mask).any()
+        used = " at a position the loss uses"
+    torch._assert_async(ok, f"{name} contains NaN or inf{used} (checked in a compiled graph)")
 
 
 def check_like(name: str, t: object, shape: tuple[int, ...], ref: torch.Tensor) -> torch.Tensor:

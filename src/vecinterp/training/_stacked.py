@@ -224,12 +224,15 @@ def losses_and_grads(
     mask: torch.Tensor,
     grad_clip: float | None,
     check: Callable[[torch.Tensor], None] | None = None,
+    run: Callable[..., torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """One step's batched pass: each member's masked MSE ``[K]``, the gradients of their
     sum with respect to ``leaves`` (the stacked parameters in ``p``; member ``i``'s slice
     is member ``i``'s own gradient), clipped per member to ``grad_clip``, and each member's
-    gradient norm before clipping ``[K]``. ``check(out)`` sees the outputs first."""
-    out = forward(cfg, p, inputs)
+    gradient norm before clipping ``[K]``. ``check(out)`` sees the outputs first.
+    ``run``: what computes the outputs in place of :func:`forward`, called as it is (the
+    compiled forward of ``train_ensemble(compile=True)``)."""
+    out = (forward if run is None else run)(cfg, p, inputs)
     if check is not None:
         check(out)
     losses = masked_losses(out, targets, mask)

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..model.transformer import HookedVectorTransformer
+from ..model.validation import check_bool
 from . import _ensemble_checkpoint as ck
 from ._ensemble_distributed import Crew
 from ._ensemble_setup import check_forward, check_models, member_data, per_member
@@ -29,6 +30,7 @@ from ._speed import StepPace, warn_slow
 from ._speed import threads as use_threads
 from ._stacked import adamw_step, alias, losses_and_grads, stack_batches, stack_weights
 from .checkpoint import own_directory, remove_partial
+from .compiled import compiled_stacked_forward
 from .data import to_model
 from .distributed import join_ranks
 from .loop import Data, _adamw, _update_average
@@ -127,6 +129,7 @@ def train_ensemble(
     on_divergence: str = "freeze",
     sync_every: int = 50,
     threads: int | None = None,
+    compile: bool = False,
 ) -> EnsembleResult:
     """Train K models of one config at once, as one batched computation: K times
     :func:`vecinterp.train`.
@@ -220,6 +223,10 @@ def train_ensemble(
     - ``sync_every``: read the members' values on the host at least every this many steps
       (>= 1; see "Host syncs" above). ``1`` reads each step before its update. Under
       ``torchrun``, every step is read.
+    - ``compile``: compile the K members' batched forward pass (and with it its
+      backward) with ``torch.compile``; the masked losses, clipping and AdamW stay as
+      they are. Members equal the eager ensemble's to rounding (tested); the checks and
+      checkpoints are those of the eager ensemble. See :doc:`/howto_compile`.
 
     Checkpoints: ``checkpoint_dir/member_003/step_00000500/`` is member 3's
     :func:`vecinterp.train` checkpoint after 500 updates (its config, optimizer state,
@@ -262,6 +269,8 @@ def train_ensemble(
     members = check_models(models)
     check_trainable({f"models[{i}]": member for i, member in enumerate(members)})
     check_threads(threads)
+    check_bool("compile", compile)
+    run = compiled_stacked_forward() if compile else None
     k = len(members)
     lrs, seeds = per_member("lr", lr, k), per_member("seed", seed, k)
     for lr_i, seed_i in zip(lrs, seeds, strict=True):
@@ -417,7 +426,7 @@ def train_ensemble(
                 inputs, targets, mask, _ = stack_batches(cfg, s.batches, s.where)
                 p = {**stacked, **dict(zip(names, tensors[0], strict=True))}
                 _, grads, _ = losses_and_grads(cfg, p, tensors[0], inputs, targets, mask,
-                                               grad_clip)  # fmt: skip
+                                               grad_clip, run=run)  # fmt: skip
                 advance(tensors, grads, s.step + 1, s.rates)
 
         shown = progress and ranks.is_main
@@ -465,7 +474,15 @@ def train_ensemble(
                             pending.check_inputs(finite, batches, where)
                             check = functools.partial(check_first, active()[0], inputs)
                         losses, grads, norms = losses_and_grads(
-                            cfg, stacked, leaves, inputs, targets, mask, grad_clip, check
+                            cfg,
+                            stacked,
+                            leaves,
+                            inputs,
+                            targets,
+                            mask,
+                            grad_clip,
+                            check,
+                            run,
                         )
                         values = [losses.detach(), norms, mask.sum((1, 2)), finite]
                         pending.add(step, rates, torch.stack([v.to(losses.dtype) for v in values]),

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ..model.config import VectorTransformerConfig, same_config
 from ..model.transformer import HookedVectorTransformer
+from ..model.validation import check_bool
 from ._pending import PendingSteps
 from ._speed import StepPace, warn_slow
 from ._speed import threads as use_threads
@@ -29,6 +30,7 @@ from .checkpoint import (
     step_dir_name,
     write_checkpoint,
 )
+from .compiled import compiled_step_loss
 from .data import MakeBatchSource, StreamSource, Tensors, fingerprint, step_loss, to_model
 from .distributed import Ranks, join_ranks, rank_rng
 from .result import TrainHistory, TrainingDivergedError, TrainResult
@@ -67,6 +69,7 @@ def train(
     callback: Callable[[int, dict[str, float]], Any] | None = None,
     sync_every: int = 50,
     threads: int | None = None,
+    compile: bool = False,
 ) -> TrainResult:
     r"""Train ``model`` on ``data`` with the masked MSE and AdamW; checkpoint and resume.
 
@@ -189,6 +192,13 @@ def train(
             each step before the next starts. The batches of the steps not yet read are
             kept until then (to name a bad one's first NaN). Under ``torchrun`` every step
             is read (the ranks agree on each step's loss).
+        compile: compute each step's forward pass, masked MSE and backward pass as one
+            ``torch.compile`` d graph (inductor; the first step compiles it, tens of
+            seconds on a CPU). The same checks (NaN/inf inputs named by batch,
+            divergence), checkpoints and bit-identical resume on the same machine; the
+            losses equal eager training's to rounding, not to the bit. Clipping and
+            AdamW stay eager (already fused kernels). Not under ``torchrun`` (refused).
+            See :doc:`/howto_compile`.
         threads: the number of CPU threads torch uses for the run
             (``torch.set_num_threads``, the previous count restored when the run ends);
             ``None``: torch's current setting (by default one per core). See "Threads".
@@ -227,7 +237,9 @@ def train(
     check_ema(ema_decay, ema_start, steps)
     check_int("sync_every", sync_every, minimum=1)
     check_threads(threads)
+    check_bool("compile", compile)
     check_trainable({"model": model})
+    compute_loss = compiled_step_loss() if compile else step_loss
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
     # one process unless under torchrun (see distributed)
@@ -243,6 +255,11 @@ def train(
             "seed": seed if source.kind == "make_batch" else None,
         }  # fmt: skip
         ranks.agree(config)  # every rank was given the same arguments
+        if compile and isinstance(ranks, Ranks):
+            raise ValueError(
+                "compile=True is not supported under torchrun (DistributedDataParallel) "
+                "yet: train with compile=False there"
+            )
         net = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
         net.load_state_dict(model.state_dict())
         net.train()
@@ -361,7 +378,7 @@ def train(
                     else:
                         parts = source.next(step)
                         batch = to_model(parts, dtype, dev)
-                        loss, finite = step_loss(net, batch, source.where(step))
+                        loss, finite = compute_loss(net, batch, source.where(step))
                         loss.backward()
                         norm = _grad_norm(params, grad_clip).to(loss.dtype)
                         loss = loss.detach()

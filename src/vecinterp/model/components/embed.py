@@ -5,7 +5,11 @@ from jaxtyping import Float
 from torch import nn
 
 from ..config import VectorTransformerConfig
-from ..contract import contract
+from ..contract import _plan
+
+# the contraction's plan, made once at import: a forward calls it directly (under
+# torch.compile, dynamo then traces a plain function instead of a cached lookup)
+_EMBED = _plan("batch pos d_in, d_in d_model -> batch pos d_model")
 
 
 class Embed(nn.Module):
@@ -22,4 +26,4 @@ class Embed(nn.Module):
     def forward(
         self, x: Float[torch.Tensor, "batch pos d_in"]
     ) -> Float[torch.Tensor, "batch pos d_model"]:
-        return contract("batch pos d_in, d_in d_model -> batch pos d_model", x, self.W_E, self.b_E)
+        return _EMBED(x, self.W_E, self.b_E)

@@ -38,6 +38,10 @@ class Rotary(nn.Module):
         and rounded to ``dtype`` once per ``(n_pos, device, dtype)``, then kept: the same
         numbers as computing them on every call, without that call's eight kernels (and,
         on a GPU, its copy of ``inv_freq`` to the device)."""
+        if torch.compiler.is_compiling():
+            # in the graph, for any n_pos (a lookup keyed by a dynamic length would
+            # recompile per length): the same float64 angles, rounded to dtype once
+            return _angles(n_pos, self.inv_freq.to(device), dtype)
         key = (n_pos, device, dtype)
         found = self._tables.get(key)
         if found is not None:
@@ -45,8 +49,14 @@ class Rotary(nn.Module):
         # ordinary tensors even when first asked for under inference_mode, so that a later
         # forward with autograd may save them for backward
         with torch.inference_mode(False), torch.no_grad():
-            pos = torch.arange(n_pos, dtype=torch.float64, device=device)
-            angles = torch.outer(pos, self.inv_freq.to(device)).repeat(1, 2)[:, None, :]
-            found = (angles.cos().to(dtype), angles.sin().to(dtype))
+            found = _angles(n_pos, self.inv_freq.to(device), dtype)
         self._tables[key] = found
         return found
+
+
+def _angles(n_pos: int, inv_freq: torch.Tensor, dtype: torch.dtype) -> _Tables:
+    """``cos`` and ``sin`` ``[n_pos, 1, d_head]`` of ``p * inv_freq`` (both halves), in
+    float64 rounded to ``dtype``."""
+    pos = torch.arange(n_pos, dtype=torch.float64, device=inv_freq.device)
+    angles = torch.outer(pos, inv_freq).repeat(1, 2)[:, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)

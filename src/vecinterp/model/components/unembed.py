@@ -6,7 +6,10 @@ from torch import nn
 
 from ...hooks import HookPoint
 from ..config import VectorTransformerConfig
-from ..contract import contract
+from ..contract import _plan
+
+# made once at import, as Embed's (see there)
+_UNEMBED = _plan("batch pos d_model, d_model d_out -> batch pos d_out")
 
 
 class Unembed(nn.Module):
@@ -22,6 +25,4 @@ class Unembed(nn.Module):
     def forward(
         self, x: Float[torch.Tensor, "batch pos d_model"]
     ) -> Float[torch.Tensor, "batch pos d_out"]:
-        return self.hook_out(
-            contract("batch pos d_model, d_model d_out -> batch pos d_out", x, self.W_U, self.b_U)
-        )
+        return self.hook_out(_UNEMBED(x, self.W_U, self.b_U))
