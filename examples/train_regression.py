@@ -9,10 +9,10 @@ arguments.
 Run: python examples/train_regression.py [--steps N] [--seed 0] [--threads 1] [--out DIR]
 
 The model goes to ``--out`` (default ``checkpoints/regression_seed<seed>``; load it with
-``vi.load``), the training checkpoints to ``OUT/../_train_runs/<OUT's name>``. To ship it as a reference
-model, copy ``config.json``, ``model.safetensors`` and ``history.json`` to
-``src/vecinterp/tasks/reference/linear_regression_<name>/`` with a README saying how it
-was trained, and add ``<name>`` to ``linear_regression.REFERENCE_MODELS``.
+``vi.load``), the training checkpoints to ``OUT/../_train_runs/<OUT's name>``. The shipped
+reference model (``linear_regression.load_reference()``) is this script's output with the
+default arguments, its ``config.json`` and ``model.safetensors`` copied to
+``src/vecinterp/tasks/reference/linear_regression_small/``.
 """
 
 import argparse
