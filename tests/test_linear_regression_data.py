@@ -6,6 +6,7 @@ import torch
 import vecinterp as vi
 from vecinterp.tasks import linear_regression as lr
 
+
 def unwrapped(fn):
     """``fn`` without the test suite's runtime type checker, as users run it: its own
     checks must still give clear errors."""
