@@ -37,9 +37,21 @@ def _fresh_dynamo():
     with warnings.catch_warnings():  # inductor's first import warns about torch.jit
         warnings.simplefilter("ignore", DeprecationWarning)
         import torch._inductor.compile_fx  # noqa: F401
+    # Under ATEN_CPU_CAPABILITY=default (CI's second kernel selection) ATen is built
+    # without its vectorised CPU headers' ISA, but inductor still detects AVX-512 and
+    # writes at::vec code that then fails to compile (C++ "'at::vec' has not been
+    # declared"); scalar kernels compile there. Users with that variable set need the same
+    # setting (docs/howto_compile.rst).
+    import torch._inductor.config as inductor_config
+
+    scalar = torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+    vec_before = inductor_config.cpp.vec_isa_ok
+    if scalar:
+        inductor_config.cpp.vec_isa_ok = False
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    inductor_config.cpp.vec_isa_ok = vec_before
     jaxtyping.config.update("jaxtyping_disable", before)
 
 
