@@ -134,7 +134,7 @@ def nearest_neighbours(
 def averaging(
     xs: Float[torch.Tensor, "batch k dim"], ys: Float[torch.Tensor, "batch k"]
 ) -> Float[torch.Tensor, "batch k"]:
-    """Garg et al.'s "averaging": ``w_hat = mean_{j < i} y_j x_j``, predict ``w_hat . x_i``.
+    """Garg et al.'s "averaging": ``w_hat = mean_{j < i} y_j x_j``, predict ``w_hat·x_i``.
 
     An unbiased estimate of ``w`` when ``x ~ N(0, I)`` (``E[y x] = w``), but with a variance
     that shrinks only as ``1 / i``. Position 0 predicts 0.

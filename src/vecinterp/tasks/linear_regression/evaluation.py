@@ -55,7 +55,7 @@ class ErrorCurve:
 def x_predictions(
     model: "HookedVectorTransformer", batch: object
 ) -> Float[torch.Tensor, "batch k"]:
-    """The model's predictions of ``y_1 .. y_k`` of ``batch`` (a :class:`RegressionBatch`),
+    """The model's predictions of ``y_1`` to ``y_k`` of ``batch`` (a :class:`RegressionBatch`),
     read at the ``x`` positions (output coordinate 0), in float64, without gradients."""
     if not isinstance(batch, RegressionBatch):
         raise TypeError(f"batch must be a RegressionBatch, got {type(batch).__name__}")
