@@ -186,3 +186,34 @@ def embed_params(
         params["embed.b_E"] = b_in
     params["unembed.b_U"] = torch.zeros_like(w_out[:, 0]) if b_out is None else b_out
     return params
+
+
+def export_maps(model: HookedVectorTransformer) -> tuple[nn.Linear, nn.Linear]:
+    """``(read_in, read_out)``: ``nn.Linear`` modules holding ``model``'s ``W_E``/``b_E``
+    and ``W_U``/``b_U`` (the exporters' linear maps around a backbone), on its device and
+    in its dtype, in eval mode; the global random state is left alone."""
+    cfg, W_E = model.cfg, model.embed.W_E
+    like: dict[str, Any] = {"device": W_E.device, "dtype": W_E.dtype}
+    with torch.random.fork_rng(devices=[]):  # the initialisation is overwritten below
+        read_in = nn.Linear(cfg.d_in, cfg.d_model, bias=cfg.embed_bias, **like)
+        read_out = nn.Linear(cfg.d_model, int(cfg.d_out or 0), **like)
+    b_E: Any = model.embed.b_E
+    with torch.no_grad():
+        read_in.weight.copy_(W_E.T)
+        if cfg.embed_bias:
+            read_in.bias.copy_(b_E)
+        read_out.weight.copy_(model.unembed.W_U.T)
+        read_out.bias.copy_(model.unembed.b_U)
+    return read_in.eval(), read_out.eval()
+
+
+def copy_norm(target: nn.Module, norm: nn.Module) -> None:
+    """Copy a vecinterp normalization's ``w`` (and ``b``) into ``target``'s ``weight``
+    (and ``bias``, if it has one): ones and zeros where ``norm`` has none (the ``Pre``
+    kinds). Call under ``torch.no_grad()``."""
+    weight: Any = target.weight
+    w, b = getattr(norm, "w", None), getattr(norm, "b", None)
+    weight.copy_(torch.ones_like(weight) if w is None else w)
+    bias: Any = getattr(target, "bias", None)
+    if bias is not None:
+        bias.copy_(torch.zeros_like(bias) if b is None else b)

@@ -57,7 +57,9 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    copy_norm,
     embed_params,
+    export_maps,
     fail,
     heads_in,
     heads_out,
@@ -231,8 +233,6 @@ def to_gpt2(
 
     W_E = model.embed.W_E
     blocks: list[Any] = list(model.blocks)
-    b_E: Any = model.embed.b_E
-    ln_final: Any = model.ln_final
     d_mlp: Any = cfg.d_mlp
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     config = transformers.GPT2Config(
@@ -255,24 +255,11 @@ def to_gpt2(
     )
     with torch.random.fork_rng(devices=[]):  # the initialisation is overwritten below
         backbone = transformers.GPT2Model(config)
-        read_in = nn.Linear(cfg.d_in, cfg.d_model, bias=cfg.embed_bias)
-        read_out = nn.Linear(cfg.d_model, int(cfg.d_out or 0))
-    for module in (backbone, read_in, read_out):
-        module.to(device=W_E.device, dtype=W_E.dtype)
+    backbone.to(device=W_E.device, dtype=W_E.dtype)
+    read_in, read_out = export_maps(model)
     d = cfg.d_model
-    ones = torch.ones(d, dtype=W_E.dtype, device=W_E.device)
-
-    def ln(target: nn.LayerNorm, norm: nn.Module) -> None:
-        w, b = getattr(norm, "w", None), getattr(norm, "b", None)
-        target.weight.copy_(ones if w is None else w)
-        target.bias.copy_(torch.zeros_like(ones) if b is None else b)
 
     with torch.no_grad():
-        read_in.weight.copy_(W_E.T)
-        if cfg.embed_bias:
-            read_in.bias.copy_(b_E)
-        read_out.weight.copy_(model.unembed.W_U.T)
-        read_out.bias.copy_(model.unembed.b_U)
         backbone.wpe.weight.copy_(model.pos_embed.W_pos)  # type: ignore[union-attr]
         for ours, theirs in zip(blocks, backbone.h, strict=True):
             a = ours.attn
@@ -286,7 +273,7 @@ def to_gpt2(
             theirs.mlp.c_fc.bias.copy_(ours.mlp.b_in)
             theirs.mlp.c_proj.weight.copy_(ours.mlp.W_out)
             theirs.mlp.c_proj.bias.copy_(ours.mlp.b_out)
-            ln(theirs.ln_1, ours.ln1)
-            ln(theirs.ln_2, ours.ln2)
-        ln(backbone.ln_f, ln_final)
-    return backbone.eval(), read_in.eval(), read_out.eval()
+            copy_norm(theirs.ln_1, ours.ln1)
+            copy_norm(theirs.ln_2, ours.ln2)
+        copy_norm(backbone.ln_f, model.ln_final)
+    return backbone.eval(), read_in, read_out

@@ -63,7 +63,9 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    copy_norm,
     embed_params,
+    export_maps,
     fail,
     heads_in,
     heads_out,
@@ -293,7 +295,6 @@ def to_llama(
     fail("this HookedVectorTransformer to Llama", llama_problems(cfg))
     blocks: list[Any] = list(model.blocks)
     W_E = model.embed.W_E
-    b_E: Any = model.embed.b_E
 
     def has_bias(*tensors: torch.Tensor) -> bool:
         return any(bool((t != 0).any()) for t in tensors)
@@ -327,27 +328,15 @@ def to_llama(
     )
     with torch.random.fork_rng(devices=[]):  # the initialisation is overwritten below
         backbone = transformers.LlamaModel(config)
-        read_in = nn.Linear(cfg.d_in, cfg.d_model, bias=cfg.embed_bias)
-        read_out = nn.Linear(cfg.d_model, int(cfg.d_out or 0))
-    for module in (backbone, read_in, read_out):
-        module.to(device=W_E.device, dtype=W_E.dtype)
-    ones = torch.ones(cfg.d_model, dtype=W_E.dtype, device=W_E.device)
+    backbone.to(device=W_E.device, dtype=W_E.dtype)
+    read_in, read_out = export_maps(model)
 
     def copy(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor) -> None:
         linear.weight.copy_(weight)
         if linear.bias is not None:
             linear.bias.copy_(bias)
 
-    def norm_weight(norm: nn.Module) -> torch.Tensor:
-        w = getattr(norm, "w", None)
-        return ones if w is None else w
-
     with torch.no_grad():
-        read_in.weight.copy_(W_E.T)
-        if cfg.embed_bias:
-            read_in.bias.copy_(b_E)
-        read_out.weight.copy_(model.unembed.W_U.T)
-        read_out.bias.copy_(model.unembed.b_U)
         for ours, theirs in zip(blocks, backbone.layers, strict=True):
             a, s = ours.attn, theirs.self_attn
             W_K, b_K, W_V, b_V = a.kv_parameters()
@@ -359,7 +348,7 @@ def to_llama(
             copy(theirs.mlp.gate_proj, m.W_gate.T, m.b_gate)
             copy(theirs.mlp.up_proj, m.W_in.T, m.b_in)
             copy(theirs.mlp.down_proj, m.W_out.T, m.b_out)
-            theirs.input_layernorm.weight.copy_(norm_weight(ours.ln1))
-            theirs.post_attention_layernorm.weight.copy_(norm_weight(ours.ln2))
-        backbone.norm.weight.copy_(norm_weight(model.ln_final))
-    return backbone.eval(), read_in.eval(), read_out.eval()
+            copy_norm(theirs.input_layernorm, ours.ln1)
+            copy_norm(theirs.post_attention_layernorm, ours.ln2)
+        copy_norm(backbone.norm, model.ln_final)
+    return backbone.eval(), read_in, read_out

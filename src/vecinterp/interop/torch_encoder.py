@@ -68,7 +68,9 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    copy_norm,
     embed_params,
+    export_maps,
     fail,
     heads_in,
     heads_out,
@@ -400,8 +402,6 @@ def to_torch_encoder(
     like: dict[str, Any] = {"device": W_E.device, "dtype": W_E.dtype}
     d, d_mlp = cfg.d_model, int(cfg.d_mlp or 0)
     blocks: list[Any] = list(model.blocks)
-    b_E: Any = model.embed.b_E
-    ln_final: Any = model.ln_final
     with torch.random.fork_rng(devices=[]):  # the initialisation is overwritten below
         layer = nn.TransformerEncoderLayer(
             d, cfg.n_heads, d_mlp, dropout=0.0, activation=cfg.act_fn,
@@ -411,21 +411,9 @@ def to_torch_encoder(
             layer, cfg.n_layers, norm=nn.LayerNorm(d, eps=cfg.eps, **like),
             enable_nested_tensor=False,
         )  # fmt: skip
-        read_in = nn.Linear(cfg.d_in, d, bias=cfg.embed_bias, **like)
-        read_out = nn.Linear(d, int(cfg.d_out or 0), **like)
-    ones = torch.ones(d, **like)
-
-    def ln(target: nn.LayerNorm, norm: nn.Module) -> None:
-        w, b = getattr(norm, "w", None), getattr(norm, "b", None)
-        target.weight.copy_(ones if w is None else w)
-        target.bias.copy_(torch.zeros_like(ones) if b is None else b)
+    read_in, read_out = export_maps(model)
 
     with torch.no_grad():
-        read_in.weight.copy_(W_E.T)
-        if cfg.embed_bias:
-            read_in.bias.copy_(b_E)
-        read_out.weight.copy_(model.unembed.W_U.T)
-        read_out.bias.copy_(model.unembed.b_U)
         for ours, theirs in zip(blocks, encoder.layers, strict=True):
             a, sa = ours.attn, theirs.self_attn
             sa.in_proj_weight.copy_(torch.cat([merge_heads_in(W).T for W in (a.W_Q, a.W_K, a.W_V)]))
@@ -436,8 +424,8 @@ def to_torch_encoder(
             theirs.linear1.bias.copy_(ours.mlp.b_in)
             theirs.linear2.weight.copy_(ours.mlp.W_out.T)
             theirs.linear2.bias.copy_(ours.mlp.b_out)
-            ln(theirs.norm1, ours.ln1)
-            ln(theirs.norm2, ours.ln2)
-        ln(encoder.norm, ln_final)  # type: ignore[arg-type]  # set above
+            copy_norm(theirs.norm1, ours.ln1)
+            copy_norm(theirs.norm2, ours.ln2)
+        copy_norm(encoder.norm, model.ln_final)  # type: ignore[arg-type]  # set above
     pos = None if model.pos_embed is None else model.pos_embed.W_pos.detach().clone()
-    return encoder.eval(), read_in.eval(), read_out.eval(), pos
+    return encoder.eval(), read_in, read_out, pos
