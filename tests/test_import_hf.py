@@ -25,13 +25,11 @@ import transformers  # noqa: E402
 
 import vecinterp as vi  # noqa: E402
 from helpers import random_model, tiny_cfg, unchecked  # noqa: E402
+from import_helpers import hf_forward as source_forward  # noqa: E402
+from import_helpers import linear, noise, rel_err  # noqa: E402
 
 F32, F64 = torch.float32, torch.float64
 TOL = {F64: 1e-10, F32: 1e-5}  # max |ours - source| / max |source|
-
-
-def _noise(p: torch.Tensor, gen: torch.Generator, scale: float) -> torch.Tensor:
-    return scale * torch.randn(p.shape, generator=gen, dtype=F64).to(p.dtype)
 
 
 def gpt2(
@@ -70,30 +68,10 @@ def gpt2(
     with torch.no_grad():
         for name, p in backbone.named_parameters():
             if name.startswith("ln") or ".ln_" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + _noise(p, gen, 0.3))
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + noise(p, gen, 0.3))
             else:
-                p.copy_(_noise(p, gen, 0.3))
+                p.copy_(noise(p, gen, 0.3))
     return backbone.to(dtype).eval()
-
-
-def linear(d_in, d_out, *, bias=True, dtype=F64, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        lin = nn.Linear(d_in, d_out, bias=bias).to(dtype)
-    with torch.no_grad():
-        for p in lin.parameters():
-            p.copy_(_noise(p, gen, 0.5))
-    return lin
-
-
-def source_forward(backbone, read_in, read_out, x):
-    with torch.no_grad():
-        out = backbone(inputs_embeds=read_in(x), output_hidden_states=True)
-        return read_out(out.last_hidden_state), out.hidden_states
-
-
-def rel_err(ours, theirs):
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 def as_tuple(lin, bias):

@@ -30,6 +30,8 @@ from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 import vecinterp as vi  # noqa: E402
 from helpers import random_model, tiny_cfg  # noqa: E402
+from import_helpers import hf_forward as source_forward  # noqa: E402
+from import_helpers import linear, noise, rel_err  # noqa: E402
 
 F32, F64 = torch.float32, torch.float64
 TOL = {F64: 1e-10, F32: 1e-5}  # max |ours - source| / max |source|
@@ -63,10 +65,6 @@ def float64_source():
         yield
 
 
-def _noise(p, gen, scale):
-    return scale * torch.randn(p.shape, generator=gen, dtype=F64).to(p.dtype)
-
-
 def backbone_of(kind="llama", *, impl="sdpa", dtype=F64, seed=0, **overrides):
     """A Llama-family backbone with every parameter random (norm weights around 1)."""
     config_cls, model_cls = {
@@ -97,32 +95,12 @@ def backbone_of(kind="llama", *, impl="sdpa", dtype=F64, seed=0, **overrides):
     with torch.no_grad():
         for name, p in backbone.named_parameters():
             base = 1.0 if "norm" in name else 0.0
-            p.copy_(base + _noise(p, gen, 0.3))
+            p.copy_(base + noise(p, gen, 0.3))
     return backbone.to(dtype).eval()
-
-
-def linear(d_in, d_out, *, bias=True, dtype=F64, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        lin = nn.Linear(d_in, d_out, bias=bias).to(dtype)
-    with torch.no_grad():
-        for p in lin.parameters():
-            p.copy_(_noise(p, gen, 0.5))
-    return lin
-
-
-def source_forward(backbone, read_in, read_out, x):
-    with torch.no_grad():
-        out = backbone(inputs_embeds=read_in(x), output_hidden_states=True)
-        return read_out(out.last_hidden_state), out.hidden_states
 
 
 def head_dim(c):
     return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-
-
-def rel_err(ours, theirs):
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 # (family, backbone overrides, d_in, d_out, read_in bias)

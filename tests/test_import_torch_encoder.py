@@ -16,6 +16,7 @@ from torch import nn
 
 import vecinterp as vi
 from helpers import random_model, tiny_cfg, unchecked
+from import_helpers import rel_err
 
 F32, F64 = torch.float32, torch.float64
 TOL = {F64: 1e-10, F32: 1e-5}  # max |ours - source| / max |source|
@@ -71,10 +72,6 @@ def source_forward(enc, read_in, read_out, x, *, causal, pos=None, fast=False):
         out = enc(h, mask=mask, is_causal=causal)
         out = out if batch_first else out.transpose(0, 1)
         return read_out(out).detach()
-
-
-def rel_err(ours, theirs):
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 # (encoder kwargs, d_in, d_out, causal, positions, read_in/read_out biases, as tuples)
