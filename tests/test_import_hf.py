@@ -529,3 +529,20 @@ def test_a_source_in_train_mode_with_dropout_imports_as_its_eval_function():
 def test_bad_dtype():
     with unchecked(), pytest.raises(TypeError, match="dtype"):
         vi.from_hf(gpt2(), linear(3, 8), linear(8, 1), dtype="float32")
+
+
+def test_non_finite_weights_are_refused_as_save_and_load_refuse_them():
+    backbone = gpt2()
+    with torch.no_grad():
+        backbone.h[0].attn.c_attn.weight[0, 0] = float("nan")
+        backbone.h[0].mlp.c_fc.bias[1] = float("inf")
+    with pytest.raises(
+        ValueError, match=r"cannot import the GPT2Model model as torch\.float64: 2 "
+    ):
+        vi.from_hf(backbone, linear(3, 8), linear(8, 1))
+    # a finite float64 weight that overflows the requested dtype is caught too
+    backbone = gpt2()
+    with torch.no_grad():
+        backbone.h[0].mlp.c_proj.weight[0, 0] = 1e6
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.W_out \(0 NaN, 1 inf\)"):
+        vi.from_hf(backbone, linear(3, 8), linear(8, 1), dtype=torch.float16)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..model.config import VectorTransformerConfig
+from ..model.tensor_files import refuse_non_finite
 from ..model.transformer import HookedVectorTransformer, uninitialised_weights
 from ..model.validation import check_float_dtype
 
@@ -105,7 +106,8 @@ def build_model(
 ) -> HookedVectorTransformer:
     """A new model of ``cfg`` whose every parameter is copied from ``params`` (by name),
     cast to ``dtype`` on ``device``. A missing, extra or misshapen parameter means the
-    checks of the importer missed a configuration: a ``ValueError`` says so."""
+    checks of the importer missed a configuration: a ``ValueError`` says so; so does a
+    NaN/inf weight, which ``vi.save`` and ``vi.load`` refuse too."""
     with uninitialised_weights():  # every parameter is overwritten below
         model = HookedVectorTransformer(cfg, seed=None, dtype=dtype, device=device)
     target = dict(model.named_parameters())
@@ -123,6 +125,11 @@ def build_model(
     with torch.no_grad():
         for name, p in target.items():
             p.copy_(params[name].to(device=device, dtype=dtype))
+    # as vi.save and vi.load do: a NaN/inf weight (in the source, or from a cast to a
+    # narrower dtype) would make every analysis of the import silently NaN
+    refuse_non_finite(
+        dict(model.named_parameters()), f"cannot import the {source} model as {dtype}"
+    )
     return model
 
 
