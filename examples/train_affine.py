@@ -7,14 +7,22 @@ lr 1e-4, wd 0.01). ``--lr`` scales a cosine schedule's floor with the peak. ``--
 chooses the initialisation (``VectorTransformerConfig.init``): ``gpt2`` (the default) or
 ``transformer_lens``, the one the paper's authors had (TransformerLens's default: every
 weight matrix N(0, (0.8/sqrt(d_model))²), no shrinking of ``W_O`` and ``W_out``).
-``--threads`` sets torch's intra-op threads (the paper recipe's timings are with 1).
+``--init-range`` overrides the initialisation's standard deviation and ``--act-fn`` the MLP's
+nonlinearity (``VectorTransformerConfig.act_fn``; the paper's model uses ``relu``).
+``--setup arena`` is ARENA's "transformer from scratch" set-up, which the authors' fork most
+likely started from: ``--init transformer_lens --init-range 0.02 --act-fn gelu_tanh`` (every
+weight matrix N(0, 0.02²), no shrinking of ``W_O``/``W_out``, GELU with the tanh
+approximation). ``--threads`` sets torch's intra-op threads (the paper recipe's timings are
+with 1).
 
-Run: python examples/train_affine.py [--recipe paper] [--init transformer_lens] [--seed 1]
-[--threads 1] [--resume]
+Run: python examples/train_affine.py [--recipe paper] [--init transformer_lens | --setup arena]
+[--seed 1] [--threads 1] [--resume]
 
-The model goes to ``--out`` (default ``checkpoints/affine_<recipe>[_tlinit]_seed<seed>``; load
-it with ``vi.load``), the resumable training checkpoints to
-``checkpoints/_train_runs/<recipe>[_tlinit]_seed<seed>``.
+The model goes to ``--out`` (default ``checkpoints/affine_<recipe><tag>_seed<seed>``; load it
+with ``vi.load``), the resumable training checkpoints to
+``checkpoints/_train_runs/<recipe><tag>_seed<seed>``. The tag names the set-up so that runs
+never collide: none for the default, ``_tlinit`` for TransformerLens's initialisation,
+``_arena`` for ARENA's set-up, and otherwise ``_<init>_r<init-range>_<act-fn>``.
 To ship a trained model as a reference model, copy its folder to
 ``src/vecinterp/tasks/reference/affine_recurrence_<name>/`` with a README saying how it was
 trained, and add ``<name>`` to ``affine_recurrence.REFERENCE_MODELS``.
@@ -28,7 +36,13 @@ from pathlib import Path
 import torch
 
 import vecinterp as vi
+from vecinterp.model.config import ACT_FNS
 from vecinterp.tasks import affine_recurrence as ar
+
+SETUPS = {
+    # ARENA's "transformer from scratch" Config: init_range 0.02 for every matrix, GELU-tanh
+    "arena": dict(init="transformer_lens", init_range=0.02, act_fn="gelu_tanh"),
+}
 
 RECIPES = {
     # the paper's recipe (§3.2)
@@ -39,6 +53,35 @@ RECIPES = {
 }
 
 
+def run_setup(args: argparse.Namespace) -> dict:
+    """The model config's keyword arguments: the paper's model with the chosen set-up."""
+    kwargs = dict(ar.MODEL_CONFIG_KWARGS, init="gpt2")
+    if args.setup is not None:
+        kwargs.update(SETUPS[args.setup])
+    for key in ("init", "init_range", "act_fn"):
+        value = getattr(args, key)
+        if value is not None:
+            if args.setup is not None and value != kwargs[key]:
+                raise SystemExit(
+                    f"--{key.replace('_', '-')} {value} contradicts --setup {args.setup}"
+                )
+            kwargs[key] = value
+    return kwargs
+
+
+def setup_tag(kwargs: dict) -> str:
+    """The run name's tag for a set-up (empty for the default), so that runs never collide."""
+    for name, setup in SETUPS.items():
+        if all(kwargs.get(k) == v for k, v in setup.items()):
+            return f"_{name}"
+    default_act = ar.MODEL_CONFIG_KWARGS["act_fn"]
+    if kwargs.get("init_range") is None and kwargs["act_fn"] == default_act:
+        return "_tlinit" if kwargs["init"] == "transformer_lens" else ""
+    init = {"transformer_lens": "tlinit", "gpt2": "gpt2"}[kwargs["init"]]
+    rng = "" if kwargs.get("init_range") is None else f"_r{kwargs['init_range']:g}"
+    return f"_{init}{rng}_{kwargs['act_fn']}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="fast")
@@ -46,7 +89,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--lr", type=float)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", choices=["gpt2", "transformer_lens"], default="gpt2")
+    parser.add_argument("--init", choices=["gpt2", "transformer_lens"], default=None)
+    parser.add_argument("--init-range", type=float, help="default: the --init's own range")
+    parser.add_argument("--act-fn", choices=list(ACT_FNS), default=None)
+    parser.add_argument("--setup", choices=sorted(SETUPS), help="a named set-up (see above)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", help="default: checkpoints/affine_<recipe>_seed<seed>")
     parser.add_argument(
@@ -59,8 +105,8 @@ def main() -> None:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    init_tag = "_tlinit" if args.init == "transformer_lens" else ""
-    run_name = f"{args.recipe}{init_tag}_seed{args.seed}"
+    model_kwargs = run_setup(args)
+    run_name = f"{args.recipe}{setup_tag(model_kwargs)}_seed{args.seed}"
     args.out = args.out or f"checkpoints/affine_{run_name}"
     recipe: dict = dict(RECIPES[args.recipe])
     if args.lr is not None and "min_lr" in recipe:
@@ -68,7 +114,7 @@ def main() -> None:
     for key in ("steps", "batch_size", "lr"):
         if getattr(args, key) is not None:
             recipe[key] = getattr(args, key)
-    cfg = vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS, init=args.init)
+    cfg = vi.VectorTransformerConfig(**model_kwargs)
     model = vi.HookedVectorTransformer(cfg, seed=args.seed)
     batch_size = recipe["batch_size"]
     eval_seed = 10_000 + args.seed
@@ -97,7 +143,10 @@ def main() -> None:
     final = vi.evaluate(result.model, eval_set)
     meta = {
         "recipe": args.recipe,
-        "init": args.init,
+        "init": cfg.init,
+        "init_range": cfg.init_range,
+        "act_fn": cfg.act_fn,
+        "setup": args.setup,
         "torch_threads": torch.get_num_threads(),
         **recipe,
         "seed": args.seed,
