@@ -295,23 +295,47 @@ def test_claim_1_thresholds(result, mse, verdict):
 
 
 @pytest.mark.parametrize(
-    ("pos1", "verdict"),
-    [
-        ([0.6, 0.6, 0.6, 0.1, 0.1], "holds"),  # 3 of 5 heads with most attention on 1
-        ([0.6, 0.6, 0.3, 0.3, 0.3], "partly"),  # 2 of 5; all 5 above 0.25
-        ([0.6, 0.6, 0.2, 0.2, 0.2], "does not hold"),
-    ],
+    ("strong", "verdict"),
+    [(0.5, "holds"), (0.49, "partly"), (0.25, "partly"), (0.24, "does not hold")],
 )
-def test_claim_3_thresholds(result, pos1, verdict):
-    assert _verdict(result, 3, pos1=pos1) == verdict
+def test_claim_3_thresholds_on_the_per_sequence_reading(result, strong, verdict):
+    # the share of |c| > 1 sequences in which most heads look at one early vector
+    claim = ac.judge_claims(dict(result.values, focus_seq_strong=strong))[2]
+    assert claim.verdict == verdict and claim.primary.name == "per_sequence"
+    assert claim.primary.value == strong
+
+
+def test_claim_3_averaged_readings_do_not_change_the_verdict(result):
+    for pos1 in ([0.6] * 5, [0.0] * 5):
+        values = dict(result.values, pos1=pos1, focus_seq_strong=0.1)
+        claim = ac.judge_claims(values)[2]
+        averaged = next(r for r in claim.alternatives if r.name == "averaged")
+        assert claim.verdict == ac.NO and averaged.key
+        assert averaged.value == (1.0 if pos1[0] else 0.0)
 
 
 @pytest.mark.parametrize(
-    ("alt", "non", "verdict"),
-    [(0.5, 0.1, "holds"), (0.1, 0.0, "partly"), (0.3, 0.28, "does not hold")],
+    ("alternating", "growing", "verdict"),
+    [
+        (0.5, 0.1, "holds"),
+        (0.5, 0.11, "partly"),  # too many growing sequences with a checkerboard
+        (0.25, 0.2, "partly"),
+        (0.3, 0.3, "does not hold"),  # as many growing ones: no c < 0 specificity
+        (0.24, 0.0, "does not hold"),
+    ],
 )
-def test_claim_4_thresholds(result, alt, non, verdict):
-    assert _verdict(result, 4, checker_alt=[alt] * 5, checker_non=[non] * 5) == verdict
+def test_claim_4_thresholds_on_the_per_sequence_reading(result, alternating, growing, verdict):
+    values = dict(result.values, checker_seq_strong=[alternating, growing])
+    claim = ac.judge_claims(values)[3]
+    assert claim.verdict == verdict and claim.primary.name == "per_sequence"
+
+
+def test_claim_4_averaged_contrast_is_a_reading_that_does_not_change_the_verdict(result):
+    values = dict(result.values, checker_alt=[0.5] * 5, checker_non=[0.1] * 5)
+    values["checker_seq_strong"] = [0.0, 0.0]
+    claim = ac.judge_claims(values)[3]
+    assert claim.verdict == ac.NO
+    assert next(r for r in claim.alternatives if r.name == "averaged").value == pytest.approx(0.4)
 
 
 @pytest.mark.parametrize(
@@ -350,8 +374,21 @@ def test_claim_9_single_heads_are_a_reading_that_does_not_change_the_verdict(res
     ("ratio", "verdict"),
     [(1.5, "holds"), (1.51, "partly"), (3.0, "partly"), (3.01, "does not hold")],
 )
-def test_claim_11_thresholds(result, ratio, verdict):
-    assert _verdict(result, 11, mse=1.0, qk_patch=ratio) == verdict
+def test_claim_11_thresholds_on_the_models_own_heads(result, ratio, verdict):
+    claim = ac.judge_claims(dict(result.values, mse=1.0, qk_own_patch=ratio, qk_patch=9.0))[11]
+    assert claim.verdict == verdict and claim.primary.name == "own_heads"
+    # the paper's head indices are a reading that does not change the verdict
+    assert next(r for r in claim.alternatives if r.name == "paper_heads").value == 9.0
+
+
+def test_claim_11_reports_uniform_attention_in_the_same_heads(result):
+    values = dict(result.values, mse=1.0, qk_own_patch=2.4, qk_own_uniform=2.0)
+    claim = ac.judge_claims(values)[11]
+    uniform = next(r for r in claim.alternatives if r.name == "own_uniform")
+    assert uniform.key and uniform.value == 2.0 and "patch/uniform 1.20" in uniform.text
+    assert "the patch is 1.20 times that" in claim.note
+    low = ac.judge_claims(dict(values, qk_own_uniform=1.2))[11]
+    assert "their patterns matter little" in low.note
 
 
 def _claim_10(result, **changes):
@@ -368,17 +405,22 @@ def test_claim_10a_needs_every_layer_2_ov_score_negative(result):
     assert _claim_10(result, ov_scores=flipped)[0].verdict == "does not hold"
 
 
-def test_claim_10b_judges_the_size_of_the_qk_scores_in_the_paper_heads(result):
+def test_claim_10b_counts_identity_like_heads_wherever_they_are(result):
     heads = [0, 1, 2, 3, 4]
-    qk = [[0.0] * 5, [0.0] * 5, [0.6] * 5]
-    a, b = _claim_10(result, qk_scores=qk, qk_heads=heads)
-    assert (a.label, b.label) == ("10a", "10b") and b.verdict == "holds"
-    # positive but small is not "close to the identity": sign alone no longer counts
+    # 5 heads: holds from ceil(5/8 * 5) = 4 identity-like heads, partly from ceil(5/16 * 5) = 2
+    for layer_2 in ([0.6, 0.6, 0.6, 0.6, 0.1], [0.1, 0.6, 0.6, 0.6, 0.6]):  # any permutation
+        b = _claim_10(result, qk_scores=[[0.0] * 5, [0.0] * 5, layer_2], qk_heads=heads)[1]
+        assert b.label == "10b" and b.verdict == "holds" and b.primary.name == "all_heads"
+        assert b.primary.text.startswith("4/5")
+    # positive but small is not "close to the identity": sign alone does not count
     small = [[0.0] * 5, [0.0] * 5, [0.3] * 5]
     assert _claim_10(result, qk_scores=small, qk_heads=heads)[1].verdict == "does not hold"
-    three = [[0.0] * 5, [0.0] * 5, [0.6, 0.6, 0.6, 0.1, 0.1]]
-    b = _claim_10(result, qk_scores=three, qk_heads=heads)[1]
-    assert b.verdict == "partly" and b.primary.text.startswith("3/5")
+    two = [[0.0] * 5, [0.0] * 5, [0.1, 0.1, 0.1, 0.6, 0.6]]
+    b = _claim_10(result, qk_scores=two, qk_heads=heads)[1]
+    assert b.verdict == "partly"
+    assert next(r for r in b.alternatives if r.name == "paper_heads").text.startswith("2/5")
+    one = [[0.0] * 5, [0.0] * 5, [0.6, 0.1, 0.1, 0.1, 0.1]]
+    assert _claim_10(result, qk_scores=one, qk_heads=heads)[1].verdict == "does not hold"
 
 
 # ------------------------------------------------------------------------------ tables

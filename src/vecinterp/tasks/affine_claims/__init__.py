@@ -22,8 +22,13 @@ Layout: :func:`measure_claims` (model → :class:`ClaimsResult`), :func:`judge_c
 (numbers → claims; pure, so verdicts can be recomputed from a saved ``values`` dict),
 :func:`claims_table` and :func:`robustness_table` (one model, or one column per model),
 :func:`claims_report` (the Markdown report) and :func:`claim_figures` (matplotlib, the
-``plot`` extra). :func:`checkerboard_contrast` is the parity measure of claim 4 and
-:func:`most_attended_earlier_position` the per-head measure of claim 3's readings.
+``plot`` extra). :func:`checkerboard_contrast` is the parity measure of claim 4 (per sequence too),
+:func:`most_attended_earlier_position` the per-head measure of claim 3's averaged readings
+and :func:`early_focus_per_sequence` its per-sequence reading; :func:`share_by_c` reports
+a per-sequence reading by the recurrence's ``c`` (:data:`C_BINS`);
+:func:`previous_vector_fit` fits an estimate on the previous input vector (claim 6's
+output-space reading, claim 13's one-regressor slope) and :func:`identity_share` is the
+scaled-identity share of a matrix (claim 7).
 :func:`discover_affine_circuit` runs automated circuit discovery (ACDC) on the model, and
 :data:`FAST_MODEL_CONFIG` and :data:`FAST_SIZES` are the main example's ``--fast``
 settings.
@@ -48,7 +53,12 @@ from .circuit import discover_affine_circuit
 from .figures import claim_figures
 from .judge import judge_claims
 from .measure import measure_claims
-from .patterns import checkerboard_contrast, most_attended_earlier_position
+from .patterns import (
+    checkerboard_contrast,
+    early_focus_per_sequence,
+    most_attended_earlier_position,
+)
+from .readings import C_BINS, identity_share, previous_vector_fit, share_by_c
 from .report import claims_report, claims_table, robustness_table
 from .results import Claim, ClaimsResult, Reading
 
@@ -89,6 +99,7 @@ order (``loss`` only with a training history)."""
 __all__ = [
     "CLAIMS",
     "CLAIM_PARTS",
+    "C_BINS",
     "FAST_MODEL_CONFIG",
     "FAST_SIZES",
     "FIGURES",
@@ -107,8 +118,12 @@ __all__ = [
     "claims_report",
     "claims_table",
     "discover_affine_circuit",
+    "early_focus_per_sequence",
+    "identity_share",
     "judge_claims",
     "measure_claims",
     "most_attended_earlier_position",
+    "previous_vector_fit",
     "robustness_table",
+    "share_by_c",
 ]

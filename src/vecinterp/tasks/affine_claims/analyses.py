@@ -1,7 +1,12 @@
 """The analyses behind the claims, one function per pass, each writing its readings into
 the ``values`` dict that :func:`~vecinterp.tasks.affine_claims.judge_claims` reads. Called
 in order by :func:`~vecinterp.tasks.affine_claims.measure_claims` (``measure.py``); the
-attention-pattern measures they use are in ``patterns.py``."""
+attention-pattern measures they use are in ``patterns.py``, the other per-sequence
+readings in ``readings.py``.
+
+One file although it is long: its functions are the passes of one measurement in the
+order they run, each writing the keys the next ones and the judge read; split, the order
+and the shared keys would be read across files."""
 
 import math
 from collections.abc import Sequence
@@ -30,8 +35,15 @@ from ...factored_matrix import FactoredMatrix
 from ...loss import masked_mse
 from ...model import HookedVectorTransformer
 from .. import affine_recurrence as ar
-from .patterns import checkerboard_contrast, most_attended_earlier_position
-from .results import PAPER_ALPHA, PAPER_QK_HEADS
+from .patterns import (
+    checkerboard_contrast,
+    early_focus_per_sequence,
+    most_attended_earlier_position,
+)
+from .readings import C_BINS, identity_share, previous_vector_fit, share_by_c
+from .results import PAPER_ALPHA, PAPER_QK_HEADS, THRESHOLDS
+
+_INF = float("inf")
 
 
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -123,6 +135,7 @@ def _attention(
         contrasts(batch.c > 1),
     )
     v["n_alt"], v["n_non"] = int(alt.sum()), int((~alt).sum())
+    _per_sequence(v, patterns, batch)
     alt_l, non_l = [], []
     for r in runs:  # every length, each sequence kind of each batch
         a = r.batch.alternating
@@ -131,6 +144,27 @@ def _attention(
             non_l.append(checkerboard_contrast(r.patterns[2][~a]).tolist())
     v["checker_alt_lengths"] = _mean_lists(alt_l) if alt_l else v["checker_alt"]
     v["checker_non_lengths"] = _mean_lists(non_l) if non_l else v["checker_non"]
+
+
+def _per_sequence(v: dict[str, Any], patterns: torch.Tensor, batch: ar.AffineBatch) -> None:
+    """Claims 3 and 4 read per sequence (the paper's Figures 4 and 15-16 show one sequence
+    each), reported by the recurrence's ``c``: averaging over sequences mixes kinds of
+    sequence whose patterns differ."""
+    c = batch.c.to(torch.float64)
+    shows, which = early_focus_per_sequence(patterns[1], (1, 2), threshold=THRESHOLDS["head_score"])
+    strong = [(-_INF, -1.0), (1.0, _INF)]
+    v["focus_seq"] = float(shows.double().mean())
+    v["focus_seq_k"] = [float((which == k).double().mean()) for k in (1, 2)]
+    v["focus_seq_bins"] = share_by_c(shows, c, C_BINS)
+    v["focus_seq_strong"] = share_by_c(shows, c.abs(), [(1.0, _INF)])[0]
+    v["focus_seq_strong_k"] = [share_by_c(which == k, c.abs(), [(1.0, _INF)])[0] for k in (1, 2)]
+    v["focus_seq_weak"] = share_by_c(shows, c.abs(), [(-_INF, 1.0)])[0]
+    contrast = checkerboard_contrast(patterns[2], per_sequence=True).mean(1)  # mean over heads
+    checker = contrast > THRESHOLDS["checker_alt"]
+    v["checker_seq_strong"] = share_by_c(checker, c, strong)  # c < -1, c > 1
+    v["checker_seq_sign"] = share_by_c(checker, c, [(-_INF, 0.0), (0.0, _INF)])
+    v["checker_seq_bins"] = share_by_c(checker, c, C_BINS)
+    v["n_seq_strong"] = [int((c < -1).sum()), int((c > 1).sum())]
 
 
 def _mean_lists(rows: list[list[float]]) -> list[float]:
@@ -195,6 +229,19 @@ def _lens(
     paper = cur + PAPER_ALPHA * prev  # Figure 17's green curve
     v["paper_transform_corr"] = _pearson(paper, tgt)
     data["lens"] = lens
+    # claims 6 (output space, post hoc) and 13' (one regressor): the lens of layer 0's
+    # resid_mid and resid_post, ln_final recomputed on each, fitted per vector on a_{n-1}
+    mid = net.unembed(net.ln_final(cache["resid_mid", 0]))
+    for key, estimate in (("mid", mid), ("post", lens)):
+        fit = previous_vector_fit(estimate, batch.inputs)
+        slopes = fit.slope.flatten()
+        v[f"prev_fit_{key}"] = dict(
+            r2=float(fit.r2.mean()),
+            slope=float(slopes.quantile(0.5)),  # numpy's median: the mean of the middle two
+            slope_q25=float(slopes.quantile(0.25)),
+            slope_q75=float(slopes.quantile(0.75)),
+            intercept=float(fit.intercept.mean()),
+        )
 
 
 def _geometry(
@@ -222,6 +269,7 @@ def _geometry(
     v["ov_slope_transposed"] = float(fit_line(flat, flat @ summed_ov.T).slope.median())
     rayleigh = (flat * (flat @ summed_ov)).sum(-1) / flat.square().sum(-1)
     v["ov_rayleigh"] = float(rayleigh.median())
+    v["ov_identity_share"] = identity_share(summed_ov)
     assert fit.heads is not None
     v["ov_head_r2"] = fit.heads.r2.flatten(0, -2).mean(0).tolist()
     emb = ov_linearity(net, 0, cache["embed"], per_vector=True, per_head=False).summed
@@ -240,6 +288,7 @@ def _geometry(
     a = batch.inputs.reshape(-1, batch.inputs.shape[-1])
     ff = fit_line(a, a @ full)
     v["full_ov_r2"], v["full_ov_slope"] = float(ff.r2.mean()), float(ff.slope.median())
+    v["full_ov_identity_share"] = identity_share(full)
     v["full_ov_intercept"] = float(ff.intercept.mean())
     gen = torch.Generator().manual_seed(1)
     r = torch.randn(n_random, a.shape[-1], generator=gen, dtype=torch.float64).to(a)
@@ -324,7 +373,15 @@ def _ablation(
         t, mask = run.batch.targets[rows], run.batch.loss_mask[rows]
         return [float(masked_mse(o, t, mask)) for o in out.split(b)]
 
-    v["ablate_joint"] = _mean([joint(r, slice(None), ["matched"])[0] for r in runs])
+    joint_runs = [joint(r, slice(None), ["matched"])[0] for r in runs]
+    v["ablate_joint"] = _mean(joint_runs)
+    per: dict[int, list[float]] = {}
+    for r, mse in zip(runs, joint_runs, strict=True):
+        per.setdefault(r.batch.length, []).append(mse)
+    v["ablate_joint_lengths"] = sorted(per)
+    v["ablate_joint_by_length"] = [  # ablated / unablated MSE, each over that length's batches
+        _mean(per[n]) / m for n, m in zip(sorted(per), v["mse_by_length"], strict=True)
+    ]
     rows = slice(0, sizes["sweep_batch_size"])
     sweep = runs[: sizes["sweep_batches"]]
     v["sweep_base"] = _mean([_mse(r.out[rows], _rows(r.batch, rows)) for r in sweep])
@@ -387,6 +444,13 @@ def _qk_patch(
 
     v["qk_heads"], v["qk_top_heads"] = heads, top
     v["qk_patch"] = mse_from_layer_2(patch_qk_identity(net, 2, heads, seed=seed), runs, slice(None))
+    # primary (index-free): the model's own most identity-like heads, beside uniform
+    # attention in the same heads (what the patch would cost if the patterns were lost)
+    v["qk_own_patch"] = mse_from_layer_2(
+        patch_qk_identity(net, 2, top, seed=seed), runs, slice(None)
+    )
+    own_uniform = ("blocks.2.attn.hook_pattern", pattern_ablation_hook("uniform", top))
+    v["qk_own_uniform"] = mse_from_layer_2(net, runs, slice(None), [own_uniform])
     rows = slice(0, sizes["sweep_batch_size"])
     sweep = runs[: sizes["sweep_batches"]]
     frob = net.QK[2].AB.detach().flatten(1).norm(dim=1) / math.sqrt(net.cfg.d_head)

@@ -7,6 +7,7 @@ note, verdict) over the same few helpers. A reader checks a verdict by reading o
 and compares wordings and thresholds across claims by reading on; split in two, the
 parallel would be lost and nothing else gained."""
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,11 @@ def _level(ok: bool, partly: bool) -> str:
 
 def _scores(xs: Sequence[float]) -> str:
     return ", ".join(f"{x:.2f}" for x in xs)
+
+
+def _pct(x: float) -> str:
+    """A share as a whole percentage; ``n/a`` for NaN (no sequence of that kind)."""
+    return "n/a" if x != x else f"{100 * x:.0f} %"
 
 
 def _count(xs: Sequence[float], threshold: float) -> int:
@@ -200,7 +206,7 @@ def _judge_3(v: dict[str, Any]) -> Claim:
     best = max(max(xs) for _, _, xs in alts)
     on0 = [h for h, s in enumerate(v["pos0"]) if s > part]
     note = (
-        f"No reading of a_1 gives most heads: at best "
+        f"Averaged over sequences no reading of a_1 gives most heads: at best "
         f"{max(_count(xs, thr) for _, _, xs in alts)}/{n} heads put most of their attention "
         f"on position 1 (best share {best:.2f})."
         if max(_count(xs, thr) for _, _, xs in alts) <= n / 2
@@ -209,24 +215,52 @@ def _judge_3(v: dict[str, Any]) -> Claim:
     if top1 > n / 2 or top2 > n / 2:
         which, count = ("a_1", top1) if top1 > n / 2 else ("a_2 (counting from zero)", top2)
         note += (
-            f" Read as the earlier position each head attends to most, {which} wins in "
+            f" Averaged, read as the earlier position each head attends to most, {which} wins in "
             f"{count}/{n} heads: a majority, without most of the attention on it."
         )
     if on0:
         note += f" Heads {', '.join(map(str, on0))} attend to position 0 more than {part}."
+    averaged = Reading(
+        "averaged",
+        f"averaged over sequences: share of attention on position 1 > {thr}",
+        f"{k}/{n} heads ({_scores(v['pos1'])})",
+        k / n,
+        key=True,
+    )
+    strong, strong_k = v["focus_seq_strong"], v["focus_seq_strong_k"]
+    bins = v["focus_seq_bins"]
+    by_c = Reading(
+        "by_c",
+        "per sequence, by c: (-2,-1), (-1,0), (0,1), (1,2)",
+        ", ".join(_pct(x) for x in bins),
+        strong,
+    )
+    fs, sp = t["focus_seq_holds"], t["focus_seq_partly"]
+    if strong >= sp:
+        note += (
+            f" Per sequence the claim appears: in {_pct(strong)} of the |c| > 1 sequences "
+            f"(a_1 {_pct(strong_k[0])}, a_2 {_pct(strong_k[1])}) and {_pct(v['focus_seq_weak'])} "
+            "of the others most heads look at one early vector; averaging over sequences "
+            "(the readings above) mixes them with sequences in which no head does."
+        )
     return _claim(
         3,
         Reading(
-            "share",
-            f"share of attention on position 1 > {thr}",
-            f"{k}/{n} heads ({_scores(v['pos1'])})",
-            k / n,
+            "per_sequence",
+            f"per sequence: >= a majority of heads with > {thr} of their attention on a_1 "
+            "(or on a_2), share of |c| > 1 sequences",
+            f"{_pct(strong)} of |c| > 1 (a_1 {_pct(strong_k[0])}, a_2 {_pct(strong_k[1])}); "
+            f"all {_pct(v['focus_seq'])}",
+            strong,
         ),
-        readings,
-        _level(k > n / 2, kp > n / 2),
-        f"{k}/{n} heads",
-        "'the majority of attention heads focus specifically on the second vector': more "
-        "than half of the heads, each with most (> 0.5) of its attention on a_1 (position 1)",
+        [averaged, by_c, *readings],
+        _level(strong >= fs, strong >= sp),
+        f"{_pct(strong)} of |c|>1",
+        "the paper shows one sequence (Figure 4) in which 'the majority of attention heads "
+        "focus specifically on the second vector': per sequence, more than half of the "
+        f"heads with > {thr} of their attention (rows after it) on one early vector, a_1 or "
+        "a_2 ('the second vector' counted from 1 or from 0); judged on the sequences with "
+        "|c| > 1, where the recurrence's terms differ most",
         note.strip(),
     )
 
@@ -238,12 +272,19 @@ def _judge_4(v: dict[str, Any]) -> Claim:
         return _mean(v[f"checker_alt{key}"]), _mean(v[f"checker_non{key}"])
 
     alt, non = pair("")
-    gap = alt - non
-    readings = []
+    readings = [
+        Reading(
+            "averaged",
+            "averaged over sequences: parity contrast, c<0 vs c>0",
+            f"{alt:+.2f} vs {non:+.2f}",
+            alt - non,
+            key=True,
+        )
+    ]
     for name, label, key in (
-        ("diagonal", "diagonal counted as same parity", "_diag"),
-        ("strong", "c < -1 vs c > 1", "_strong"),
-        ("all_lengths", "every length 4-14", "_lengths"),
+        ("diagonal", "averaged, diagonal counted as same parity", "_diag"),
+        ("strong", "averaged, c < -1 vs c > 1", "_strong"),
+        ("all_lengths", "averaged, every length 4-14", "_lengths"),
     ):
         a, b = pair(key)
         readings.append(Reading(name, label, f"{a:+.2f} vs {b:+.2f}", a - b))
@@ -252,33 +293,51 @@ def _judge_4(v: dict[str, Any]) -> Claim:
     readings.append(
         Reading(
             "best_head",
-            "the head with the largest gap",
+            "averaged, the head with the largest gap",
             f"head {best}: {v['checker_alt'][best]:+.2f} vs {v['checker_non'][best]:+.2f}",
             gaps[best],
         )
     )
-    ok = alt >= t["checker_alt"] and gap >= t["checker_gap"]
-    verdict = _level(ok, gap >= t["checker_gap_partly"])
+    neg, pos = v["checker_seq_sign"]
+    readings.append(
+        Reading(
+            "sign",
+            f"per sequence, contrast > {t['checker_alt']}: c < 0 vs c > 0",
+            f"{_pct(neg)} vs {_pct(pos)}",
+            neg - pos,
+        )
+    )
+    a, b = v["checker_seq_strong"]
+    ok = a >= t["checker_seq_holds"] and b <= t["checker_seq_other"]
+    verdict = _level(ok, a >= t["checker_seq_partly"] and a > b)
     note = ""
-    if verdict == NO and max(r.value for r in readings) < t["checker_gap"]:
+    if verdict == NO:
+        most = max(a, neg)
         note = (
-            "No reading shows a checkerboard that appears for c < 0 only: the parity "
-            f"contrast differs by at most {max(r.value for r in readings):+.2f} between "
-            "the two kinds of sequence."
+            f"No reading shows checkerboards for c < 0 only: per sequence at most "
+            f"{_pct(most)} of the c < 0 sequences have a contrast above {t['checker_alt']}"
+            + (
+                f", and more of the c > 0 ones ({_pct(max(b, pos))})."
+                if max(b, pos) > most
+                else "."
+            )
         )
     return _claim(
         4,
         Reading(
-            "earlier",
-            "parity contrast, earlier positions, mean over heads, c<0 vs c>0",
-            f"{alt:+.2f} vs {non:+.2f}",
-            gap,
+            "per_sequence",
+            f"per sequence: head-mean parity contrast > {t['checker_alt']}, share of c < -1 "
+            "vs c > 1 sequences",
+            f"{_pct(a)} vs {_pct(b)}",
+            a - b,
         ),
         readings,
         verdict,
-        f"{alt:+.2f} vs {non:+.2f}",
-        "'checkerboard-like structure' for alternating sequences only: attention on every "
-        "other earlier position; the diagonal alone is no checkerboard, so it is left out",
+        f"{_pct(a)} vs {_pct(b)}",
+        "the paper shows the patterns of single sequences (Figures 5 and 6): per sequence, the "
+        "parity contrast over earlier positions (the diagonal alone is no checkerboard) "
+        "averaged over the layer's heads, in most strongly alternating sequences (c < -1) "
+        "and few strongly growing ones (c > 1)",
         note,
     )
 
@@ -360,14 +419,41 @@ def _judge_6(v: dict[str, Any]) -> Claim:
             v["full_ov_unfolded_slope"],
         ),
     ]
+    mid, post = v["prev_fit_mid"], v["prev_fit_post"]
+    readings.append(
+        Reading(
+            "output_lens",
+            "post hoc, output space: lens of layer 0's resid_mid (ln_final, W_U) on a_{n-1}, "
+            "per vector",
+            f"R² {mid['r2']:.2f}, slope {mid['slope']:.2f} (IQR {mid['slope_q25']:.2f}-"
+            f"{mid['slope_q75']:.2f}), b {mid['intercept']:+.3f}; resid_post R² "
+            f"{post['r2']:.2f}, slope {post['slope']:.2f}",
+            mid["r2"],
+            key=True,
+        )
+    )
+    lens_ok = (
+        mid["r2"] >= t["r2_holds"]
+        and lo <= mid["slope"] <= hi
+        and abs(mid["intercept"]) <= t["intercept_max"]
+    )
     copies = v["full_ov_r2"] >= t["r2_holds"]
     note = (
-        f"No reading reproduces the figure. In d_model, every variant gives R² "
+        f"In d_model every variant gives R² "
         f"{min(r2, v['ov_unfolded_r2'], v['ov_embed_r2']):.2f}-"
         f"{max(r2, v['ov_unfolded_r2'], v['ov_embed_r2'], v['ov_head_r2'][best]):.2f}. "
         if not ok
         else ""
     )
+    if not ok and lens_ok:
+        note += (
+            f"A reading found after trying the others (post hoc) gives the paper's three "
+            f"numbers at once: the output-space lens after layer 0's attention against "
+            f"a_{{n-1}}, R² {mid['r2']:.2f}, slope {mid['slope']:.2f}, intercept "
+            f"{mid['intercept']:+.3f}. "
+        )
+    elif not ok:
+        note += "No reading reproduces the figure, the post-hoc output-space lens included. "
     if copies:
         note += (
             f"From input to output space layer 0 is a scaled copy (R² {v['full_ov_r2']:.2f}, "
@@ -412,17 +498,30 @@ def _judge_7(v: dict[str, Any]) -> Claim:
                 f"R² {v['full_ov_random_r2']:.2f} (inputs {v['full_ov_r2']:.2f})",
                 v["full_ov_random_r2"],
                 key=True,
-            )
+            ),
+            Reading(
+                "identity_share",
+                "scaled-identity share of the summed OV's |M|_F² (≈ R² on N(0, I) vectors; "
+                "the paper's 0.60 needs ≈ 0.60)",
+                f"{v['ov_identity_share']:.5f} (full OV {v['full_ov_identity_share']:.2f})",
+                v["ov_identity_share"],
+                key=True,
+            ),
         ],
         _level(below and abs(r2 - 0.60) <= t["r2_random_tol"], below),
         f"R² {r2:.2f}",
         "'inputting a random, non-residual stream vector into the OV matrix': the claim 6 "
         "reading with random vectors",
-        "Under neither reading is the fit worse on random vectors than on residual ones: the "
-        "OV map treats both alike."
-        if v["ov_random_r2"] > v["ov_r2"] - t["r2_gap"]
-        and v["full_ov_random_r2"] > v["full_ov_r2"] - t["r2_gap"]
-        else "",
+        (
+            "Under neither reading is the fit worse on random vectors than on residual ones: "
+            "the OV map treats both alike. "
+            if v["ov_random_r2"] > v["ov_r2"] - t["r2_gap"]
+            and v["full_ov_random_r2"] > v["full_ov_r2"] - t["r2_gap"]
+            else ""
+        )
+        + f"For N(0, I) vectors the per-vector R² of x ↦ x M is about the share of |M|_F² in "
+        f"M's scaled-identity part; R² 0.60 would need that share near 0.60, a plainly "
+        f"visible diagonal; the summed OV's share is {v['ov_identity_share']:.5f}.",
     )
 
 
@@ -494,6 +593,9 @@ def _judge_9(v: dict[str, Any]) -> Claim:
     longest = v["ablate_joint_longest"] / base  # on the sweep set, as the single heads
     zero = v["ablate_joint_zero"] / base
     per = v["population_per_length"]
+    sweep_n = v["sizes"]["sweep_batches"] * v["sizes"]["sweep_batch_size"]
+    lengths, by_len = v["ablate_joint_lengths"], v["ablate_joint_by_length"]
+    shown = [i for i, n in enumerate(lengths) if n in (lengths[0], 7, lengths[-1])]
     return _claim(
         9,
         Reading(
@@ -504,9 +606,15 @@ def _judge_9(v: dict[str, Any]) -> Claim:
         ),
         [
             Reading(
+                "by_length",
+                "all heads at once, by sequence length (eval set)",
+                ", ".join(f"x{by_len[i]:.1f} at {lengths[i]}" for i in shown),
+                by_len[-1],
+            ),
+            Reading(
                 "single_head",
-                f"one head at a time (the sweep set, {v['sizes']['sweep_batch_size']} "
-                "sequences a batch, against its own unablated MSE)",
+                f"one head at a time (the sweep set: {sweep_n} sequences, every length, "
+                "against their own unablated MSE)",
                 f"{k}/{n} heads <= x{t['ablation_holds']:g}, median x{med:.1f}, worst head "
                 f"{worst} x{ratios[worst]:.1f} (unablated {base:.1e})",
                 med,
@@ -570,22 +678,22 @@ def _judge_10(v: dict[str, Any]) -> tuple[Claim, Claim]:
     paper = list(v["qk_heads"])
     like = [h for h in range(n) if qk[h] > thr]
     in_paper = [h for h in paper if qk[h] > thr]
+    need, need_partly = math.ceil(t["qk_heads_holds"] * n), math.ceil(t["qk_heads_partly"] * n)
     part_b = _claim(
         10,
         Reading(
-            "paper_heads",
-            f"QK eigenvalue scores > {thr} (identity-like) in the paper's heads "
-            f"{','.join(map(str, paper))}",
-            f"{len(in_paper)}/{len(paper)} ({_scores([qk[h] for h in paper])})",
-            len(in_paper) / max(1, len(paper)),
+            "all_heads",
+            f"QK eigenvalue scores > {thr} (identity-like), every layer-2 head",
+            f"{len(like)}/{n} (heads {','.join(map(str, like)) or 'none'})",
+            len(like) / n,
         ),
         [
             Reading(
-                "all_heads",
-                f"QK scores > {thr}, every head",
-                f"{len(like)}/{n} (heads {','.join(map(str, like)) or 'none'})",
-                len(like) / n,
-                key=True,
+                "paper_heads",
+                f"the paper's head indices {','.join(map(str, paper))} (an index means "
+                "nothing across models)",
+                f"{len(in_paper)}/{len(paper)} ({_scores([qk[h] for h in paper])})",
+                len(in_paper) / max(1, len(paper)),
             ),
             Reading(
                 "positive",
@@ -600,16 +708,13 @@ def _judge_10(v: dict[str, Any]) -> tuple[Claim, Claim]:
                 _mean(fqk),
             ),
         ],
-        _level(
-            len(in_paper) == len(paper),
-            len(in_paper) > len(paper) / 2 or len(like) >= len(paper),
-        ),
-        f"{len(in_paper)}/{len(paper)} ({len(like)}/{n} all)",
-        "§4.6: QK 'strongly resembles a positive identity', and the paper patches heads "
-        "0, 1, 2, 3 and 4 (5 of 8) as the identity-like ones; judged by the score's size, "
-        "not its sign",
-        "The paper names its own model's heads; another model's identity-like heads may be "
-        "others, so 'all_heads' counts them wherever they are.",
+        _level(len(like) >= need, len(like) >= need_partly),
+        f"{len(like)}/{n} heads",
+        f"§4.6: QK 'strongly resembles a positive identity', and the paper patches five "
+        f"heads (5 of 8) as the identity-like ones: at least {need} of {n} heads with a "
+        f"score > {thr}, judged by the score's size, not its sign, wherever the heads are "
+        "(any permutation of a layer's heads is the same model)",
+        "",
         part="b",
     )
     return part_a, part_b
@@ -618,44 +723,70 @@ def _judge_10(v: dict[str, Any]) -> tuple[Claim, Claim]:
 def _judge_11(v: dict[str, Any]) -> Claim:
     t = THRESHOLDS
     base = v["mse"]
-    ratio = v["qk_patch"] / base
+    own, uniform = v["qk_own_patch"] / base, v["qk_own_uniform"] / base
+    paper_ratio = v["qk_patch"] / base
     sub = v["sweep_base"]
     alt = v["qk_alt"]
     heads = ",".join(map(str, v["qk_heads"]))
     top = ",".join(map(str, v["qk_top_heads"]))
+    k = len(v["qk_top_heads"])
     labels = {
-        "seed+1": "another random Q",
-        "top": f"the {len(v['qk_top_heads'])} most identity-like QK heads ({top})",
-        "all": "all heads",
-        "matched": "P scaled to each head's |QK|_F",
-        "uniform": f"reference: heads {heads} attend uniformly",
+        "seed+1": "sweep set: another random Q, the paper's head indices",
+        "all": "sweep set: all heads",
+        "matched": "sweep set: P scaled to each head's |QK|_F, the paper's head indices",
+        "uniform": "sweep set: the paper's head indices attend uniformly",
     }
     readings = [
-        Reading(k, labels[k], f"x{alt[k] / sub:.1f}", alt[k] / sub, key=k == "top")
-        for k in ("seed+1", "top", "all", "matched", "uniform")
+        Reading(
+            "own_uniform",
+            f"reference: the same {k} heads attend uniformly (eval set); patch / uniform",
+            f"x{uniform:.1f} ({top}); patch/uniform {own / uniform:.2f}",
+            uniform,
+            key=True,
+        ),
+        Reading(
+            "paper_heads",
+            f"the paper's head indices {heads} (an index means nothing across models), eval set",
+            f"x{paper_ratio:.1f}",
+            paper_ratio,
+        ),
     ]
-    verdict = _level(ratio <= t["patch_holds"], ratio <= t["patch_partly"])
-    best = min(r.value for r in readings[:4])
+    readings += [
+        Reading(key, labels[key], f"x{alt[key] / sub:.1f}", alt[key] / sub)
+        for key in ("seed+1", "all", "matched", "uniform")
+    ]
+    verdict = _level(own <= t["patch_holds"], own <= t["patch_partly"])
+    best = min(own, paper_ratio, *(alt[key] / sub for key in ("seed+1", "all", "matched")))
     note = (
-        f"No reading keeps the MSE: the patched variants cost x{best:.1f} or more, about "
-        f"what uniform attention in those heads costs (x{alt['uniform'] / sub:.1f})."
+        f"No reading keeps the MSE: the patched variants cost x{best:.1f} or more. "
         if best > t["patch_holds"]
         else ""
     )
+    if uniform < t["uniform_matters"]:
+        note += (
+            f"Uniform attention in the same heads costs only x{uniform:.1f}: their patterns "
+            "matter little on this model, so the patch's cost says little about their QK."
+        )
+    else:
+        note += (
+            f"Uniform attention in the same heads costs x{uniform:.1f}: the patch is "
+            f"{own / uniform:.2f} times that."
+        )
     return _claim(
         11,
         Reading(
-            "paper_heads",
-            f"heads {heads}, random Q, K^T = pinv(Q)",
-            f"MSE {base:.2e} -> {v['qk_patch']:.2e} (x{ratio:.2f})",
-            ratio,
+            "own_heads",
+            f"the model's own {k} most identity-like QK heads, random Q, K^T = pinv(Q), eval set",
+            f"MSE {base:.2e} -> {v['qk_own_patch']:.2e} (x{own:.2f}; heads {top})",
+            own,
         ),
         readings,
         verdict,
-        f"x{ratio:.1f}",
-        "the paper names the heads (0-4), the patch (Q random, K^T = pinv(Q)) and the figure "
-        "(MSE unchanged)",
-        note,
+        f"x{own:.1f}",
+        "the paper patches (Q random, K^T = pinv(Q)) the heads it found identity-like, five "
+        "of eight, and reports the MSE unchanged; on another model the identity-like heads "
+        "are its own, so the patch goes to its five with the largest QK scores",
+        note.strip(),
     )
 
 
@@ -718,6 +849,16 @@ def _judge_13(v: dict[str, Any]) -> Claim:
                 f"p {v['lens_p']:.2f}, q {v['lens_q']:.2f}: α {_alpha(v['lens_alpha'])} "
                 f"(R² {v['lens_fit_r2']:.2f})",
                 v["lens_alpha"],
+                key=True,
+            ),
+            Reading(
+                "single",
+                "one regressor: the lens on a_{n-1} alone, per vector, median slope (paper's "
+                "α 2.3)",
+                f"resid_mid {v['prev_fit_mid']['slope']:.2f} (R² {v['prev_fit_mid']['r2']:.2f}), "
+                f"resid_post {v['prev_fit_post']['slope']:.2f} "
+                f"(R² {v['prev_fit_post']['r2']:.2f})",
+                v["prev_fit_mid"]["slope"],
                 key=True,
             ),
             Reading(

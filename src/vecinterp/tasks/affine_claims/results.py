@@ -23,15 +23,15 @@ PAPER_ALPHA = 2.3
 CLAIMS: dict[int, tuple[str, str]] = {
     1: ("final eval MSE", "1e-4"),
     2: ("layer 0: all heads but one attend to the previous position", "7 of 8 heads"),
-    3: ("layer 1: most heads attend to position 1 (the second vector)", "most heads"),
-    4: ("layer 2: checkerboard patterns for c<0, not otherwise", "pattern"),
+    3: ("layer 1: most heads attend to the second vector", "most heads (one sequence)"),
+    4: ("layer 2: checkerboard patterns for c<0, not otherwise", "pattern (one sequence)"),
     5: ("direct attribution: layer 0 +, layer 1 ~0, layer 2 -", "+, 0, -"),
     6: ("layer-0 OV on residual vectors: per-dim linear fit", "R² 0.83, slope 2.1-2.5, b~0"),
     7: ("same fit on random vectors", "R² ~0.60 (< residual)"),
     8: ("share of layer-0 OV output outside W_E's row space", "84.15 %"),
     9: ("mean-ablating layer-1 heads (population 1,000)", "MSE 1e-4 -> 2e-4"),
     10: ("layer-2 OV ~ -I: OV eigenvalue scores negative", "OV scores < 0"),
-    11: ("pseudoinverse QK patch of layer-2 heads 0-4", "MSE unchanged"),
+    11: ("pseudoinverse QK patch of the 5 identity-like layer-2 heads", "MSE unchanged"),
     12: ("MLP direct attribution positive at the last positions", "positive"),
     13: ("residual after layer 0 through W_U ~ crude estimate of the target", "plot"),
 }
@@ -40,18 +40,25 @@ Claim 10 is judged as two parts (:data:`CLAIM_PARTS`): ``CLAIMS[10]`` is part a.
 
 CLAIM_PARTS: dict[str, tuple[str, str]] = {
     "10a": CLAIMS[10],
-    "10b": ("layer-2 QK ~ +I: identity-like QK in the paper's heads 0-4", "heads 0-4 (5 of 8)"),
+    "10b": ("layer-2 QK ~ +I: identity-like QK heads", "5 of 8 heads (0-4)"),
 }
 """``label -> (claim, the paper's figure)`` for the claims judged in parts: §4.6 says
 both that layer 2's OV circuits are close to −I (Figure 15's negative eigenvalue scores,
 part a) and that its QK circuits "strongly resemble a positive identity", naming heads
-0-4 for the patch (part b)."""
+0-4 for the patch (part b). Head indices mean nothing across models (any permutation of
+a layer's heads is the same model), so part b counts identity-like heads wherever they
+are, and claim 11 patches each model's own most identity-like heads."""
 
 THRESHOLDS: dict[str, Any] = dict(
     eval_mse_holds=2e-4,  # claim 1: within 2x of the paper's 1e-4
     eval_mse_partly=1e-3,
     head_score=0.5,  # claims 2, 3: a head "attends to X" if this share of its attention is on X
     head_score_partly=0.25,  # claim 3 "partly": most heads above this (uniform ~0.17)
+    focus_seq_holds=0.5,  # claim 3 per sequence: share of |c| > 1 sequences in which most
+    focus_seq_partly=0.25,  # heads put > head_score of their attention on one early vector
+    checker_seq_holds=0.5,  # claim 4 per sequence: share of c < -1 sequences whose contrast
+    checker_seq_other=0.1,  # > checker_alt, with at most this share of c > 1 sequences
+    checker_seq_partly=0.25,
     checker_alt=0.2,  # claim 4: contrast on alternating sequences at least this ...
     checker_gap=0.2,  # ... and this much above the non-alternating contrast
     checker_gap_partly=0.05,
@@ -67,8 +74,11 @@ THRESHOLDS: dict[str, Any] = dict(
     ablation_holds=3.0,  # claim 9: MSE ratio ablated/unablated (paper: 2)
     ablation_partly=10.0,  # claim 9 "partly": within 10x (the layer matters, but not much)
     qk_identity=0.5,  # claim 10b: a QK eigenvalue score above this is identity-like
+    qk_heads_holds=5 / 8,  # claim 10b: the share of layer-2 heads identity-like (paper 5/8)
+    qk_heads_partly=5 / 16,
     patch_holds=1.5,  # claim 11: MSE ratio after/before (paper: 1)
     patch_partly=3.0,
+    uniform_matters=2.0,  # claim 11's reference: uniform attention in those heads costs this
     lens_holds=0.7,  # claim 13: correlation with the target
     lens_partly=0.3,
 )
