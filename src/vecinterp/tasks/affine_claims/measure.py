@@ -70,7 +70,7 @@ def _positive_int(name: str, value: object) -> int:
 def measure_claims(
     model: HookedVectorTransformer,
     *,
-    analysis_batch: int = 256,
+    analysis_batch: int = 512,
     population: int = 1000,
     eval_batches: int = 24,
     eval_batch_size: int = 64,
