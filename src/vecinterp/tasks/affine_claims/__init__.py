@@ -48,6 +48,7 @@ and value biases are folded first (:func:`~vecinterp.process_weights`), as the p
 """
 
 from . import circuit as _circuit
+from . import readings as _readings
 from . import results as _results
 from .circuit import discover_affine_circuit
 from .figures import claim_figures
@@ -58,7 +59,7 @@ from .patterns import (
     early_focus_per_sequence,
     most_attended_earlier_position,
 )
-from .readings import C_BINS, identity_share, previous_vector_fit, share_by_c
+from .readings import identity_share, previous_vector_fit, share_by_c
 from .report import claims_report, claims_table, robustness_table
 from .results import Claim, ClaimsResult, Reading
 
@@ -92,6 +93,9 @@ keywords): 3 layers (the claims are layer-indexed), 5 heads (claim 11 patches he
 FAST_SIZES = _circuit.FAST_SIZES
 """Data sizes for a quick :func:`measure_claims` (``**FAST_SIZES``): every analysis runs in
 seconds; the numbers are noisier."""
+C_BINS = _readings.C_BINS
+"""The bins of the recurrence's ``c`` (drawn uniformly from ``(-2, 2)``) in which the
+per-sequence readings of claims 3 and 4 are reported."""
 FIGURES = _results.FIGURES
 """The names of the figures :func:`~vecinterp.tasks.affine_claims.claim_figures` makes, in
 order (``loss`` only with a training history)."""

@@ -266,7 +266,9 @@ def _geometry(
     ov_heads = ov_circuit(net, 0).AB  # [heads, d_model, d_model]
     summed_ov = ov_heads.sum(0)
     flat = x.reshape(-1, x.shape[-1])
-    v["ov_slope_transposed"] = float(fit_line(flat, flat @ summed_ov.T).slope.median())
+    transposed = fit_line(flat, flat @ summed_ov.T)
+    v["ov_slope_transposed"] = float(transposed.slope.median())
+    v["ov_r2_transposed"] = float(transposed.r2.mean())
     rayleigh = (flat * (flat @ summed_ov)).sum(-1) / flat.square().sum(-1)
     v["ov_rayleigh"] = float(rayleigh.median())
     v["ov_identity_share"] = identity_share(summed_ov)

@@ -408,8 +408,8 @@ def _judge_6(v: dict[str, Any]) -> Claim:
         Reading(
             "transposed",
             "d_model, OV transposed (x OV^T): the convention check",
-            f"slope {v['ov_slope_transposed']:.2f} (x OV: {slope:.2f}; x·xOV/|x|² "
-            f"{v['ov_rayleigh']:.2f})",
+            f"slope {v['ov_slope_transposed']:.2f}, R² {v['ov_r2_transposed']:.3f} (x OV: "
+            f"{slope:.2f}; x·xOV/|x|² {v['ov_rayleigh']:.2f})",
             v["ov_slope_transposed"],
         ),
         Reading(
