@@ -298,3 +298,70 @@ def test_own_heads_patch_and_uniform_reference_recomputed(measured):
     with model.hooks(fwd_hooks=[("blocks.2.attn.hook_pattern", uniform)]):
         reference = vi.evaluate(model, eval_set)
     assert v["qk_own_uniform"] == pytest.approx(reference, rel=1e-10)
+
+
+# ------------------------------------------------------------------ the decision rule
+
+
+def _meets(**changes):
+    values = dict(
+        checker_seq_strong=[0.5, 0.1],
+        qk_scores=[[0.0] * 8, [0.0] * 8, [0.6] * 5 + [0.4] * 3],
+        mse=2.0,
+        qk_own_patch=3.0,  # x1.5
+        qk_own_uniform=4.0,  # x2
+    )
+    return ac.meets_rule(dict(values, **changes))
+
+
+def test_decision_rule_parts_at_their_thresholds():
+    assert _meets() == dict(checkerboards=True, identity_qk=True, patch=True, all=True)
+    off = [
+        (dict(checker_seq_strong=[0.49, 0.0]), "checkerboards"),
+        (dict(checker_seq_strong=[0.9, 0.11]), "checkerboards"),
+        (dict(qk_scores=[[], [], [0.6] * 4 + [0.5] * 4]), "identity_qk"),  # 0.5 is not > 0.5
+        (dict(qk_own_patch=3.01), "patch"),
+        (dict(qk_own_uniform=3.99), "patch"),  # uniform x1.995: the heads matter too little
+    ]
+    for changes, part in off:
+        got = _meets(**changes)
+        assert not got[part] and not got["all"], changes
+        assert all(got[k] for k in ("checkerboards", "identity_qk", "patch") if k != part)
+
+
+def test_setup_decision_per_seed(measured):
+    good = dict(
+        checker_seq_strong=[0.5, 0.1],
+        qk_scores=[[], [], [0.9] * 8],
+        mse=1.0,
+        qk_own_patch=1.0,
+        qk_own_uniform=2.0,
+    )
+    bad = dict(good, checker_seq_strong=[0.0, 0.0])
+    assert ac.setup_decision([good, good]) == ac.EXPLAINED
+    assert ac.setup_decision([good, bad]) == ac.SEED_DEPENDENT
+    assert ac.setup_decision([bad, bad]) == ac.NOT_REPRODUCED
+    # a measured model: its values carry every key the rule reads
+    _, result = measured
+    assert set(ac.meets_rule(result.values)) == {"checkerboards", "identity_qk", "patch", "all"}
+    with unchecked(), pytest.raises(ValueError, match="values"):
+        ac.meets_rule({"mse": 1.0})
+    with unchecked(), pytest.raises(ValueError, match="at least one"):
+        ac.setup_decision([])
+
+
+def test_report_shows_the_decision_rule_per_model(measured):
+    _, result = measured
+    good = dict(
+        result.values,
+        checker_seq_strong=[0.6, 0.0],
+        qk_scores=[[0.0] * 5, [0.0] * 5, [0.9] * 5],
+        mse=1.0,
+        qk_own_patch=1.0,
+        qk_own_uniform=3.0,
+    )
+    met = ac.ClaimsResult(ac.judge_claims(good), good, {}, {})
+    text = ac.claims_report([result, met], ["tiny", "planted"])
+    assert "## The decision rule for claims 4, 10b and 11" in text
+    assert "| planted | yes | yes | yes | yes |" in text
+    assert "| tiny | " in text

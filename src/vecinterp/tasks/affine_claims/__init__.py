@@ -28,7 +28,9 @@ and :func:`early_focus_per_sequence` its per-sequence reading; :func:`share_by_c
 a per-sequence reading by the recurrence's ``c`` (:data:`C_BINS`);
 :func:`previous_vector_fit` fits an estimate on the previous input vector (claim 6's
 output-space reading, claim 13's one-regressor slope) and :func:`identity_share` is the
-scaled-identity share of a matrix (claim 7).
+scaled-identity share of a matrix (claim 7). :func:`meets_rule` and
+:func:`setup_decision` apply the decision rule for claims 4, 10b and 11 to the models of
+one set-up.
 :func:`discover_affine_circuit` runs automated circuit discovery (ACDC) on the model, and
 :data:`FAST_MODEL_CONFIG` and :data:`FAST_SIZES` are the main example's ``--fast``
 settings.
@@ -48,9 +50,11 @@ and value biases are folded first (:func:`~vecinterp.process_weights`), as the p
 """
 
 from . import circuit as _circuit
+from . import decision as _decision
 from . import readings as _readings
 from . import results as _results
 from .circuit import discover_affine_circuit
+from .decision import meets_rule, setup_decision
 from .figures import claim_figures
 from .judge import judge_claims
 from .measure import measure_claims
@@ -96,6 +100,12 @@ seconds; the numbers are noisier."""
 C_BINS = _readings.C_BINS
 """The bins of the recurrence's ``c`` (drawn uniformly from ``(-2, 2)``) in which the
 per-sequence readings of claims 3 and 4 are reported."""
+EXPLAINED = _decision.EXPLAINED
+"""Decision of :func:`setup_decision`: every model of the set-up meets the rule."""
+SEED_DEPENDENT = _decision.SEED_DEPENDENT
+"""Decision of :func:`setup_decision`: some models of the set-up meet the rule, some not."""
+NOT_REPRODUCED = _decision.NOT_REPRODUCED
+"""Decision of :func:`setup_decision`: no model of the set-up meets the rule."""
 FIGURES = _results.FIGURES
 """The names of the figures :func:`~vecinterp.tasks.affine_claims.claim_figures` makes, in
 order (``loss`` only with a training history)."""
@@ -104,14 +114,17 @@ __all__ = [
     "CLAIMS",
     "CLAIM_PARTS",
     "C_BINS",
+    "EXPLAINED",
     "FAST_MODEL_CONFIG",
     "FAST_SIZES",
     "FIGURES",
     "HOLDS",
     "NO",
+    "NOT_REPRODUCED",
     "PAPER_ALPHA",
     "PAPER_QK_HEADS",
     "PARTLY",
+    "SEED_DEPENDENT",
     "THRESHOLDS",
     "VERDICTS",
     "Claim",
@@ -125,9 +138,11 @@ __all__ = [
     "early_focus_per_sequence",
     "identity_share",
     "judge_claims",
+    "meets_rule",
     "measure_claims",
     "most_attended_earlier_position",
     "previous_vector_fit",
     "robustness_table",
+    "setup_decision",
     "share_by_c",
 ]

@@ -4,6 +4,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from .decision import meets_rule
 from .results import THRESHOLDS, Claim, ClaimsResult, Reading
 
 
@@ -190,6 +191,7 @@ def claims_report(
     if wall is not None:
         lines += ["", f"Wall time: {wall:.1f} s."]
     lines += ["", "## Robustness across models", "", robustness_table(results, names), ""]
+    lines += _decision_lines(results, names)
     assert first is not None
     lines += [f"## Claims on {names[0]}, every reading", "", claims_table(first), ""]
     lines += ["## Readings: which one the verdict rests on, and why", ""]
@@ -217,3 +219,32 @@ def claims_report(
     if figures:
         lines += ["", f"## Figures ({names[0]})", ""] + [f"![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def _decision_lines(results: Sequence[ClaimsResult], names: Sequence[str]) -> list[str]:
+    """The decision rule for claims 4, 10b and 11 (:func:`meets_rule`), one row per model
+    whose values carry what it reads."""
+    rows = []
+    for res, name in zip(results, names, strict=True):
+        try:
+            met = meets_rule(res.values)
+        except ValueError:
+            continue
+        marks = [
+            "yes" if met[k] else "no" for k in ("checkerboards", "identity_qk", "patch", "all")
+        ]
+        rows.append(f"| {name} | " + " | ".join(marks) + " |")
+    if not rows:
+        return []
+    return [
+        "## The decision rule for claims 4, 10b and 11",
+        "",
+        "(a) per-sequence checkerboards for c < -1 only, (b) at least 5 of 8 identity-like QK "
+        "heads, (c) the patch of the model's own heads at most x1.5 while uniform attention "
+        "on them costs at least x2 (`vecinterp.tasks.affine_claims.meets_rule`):",
+        "",
+        "| model | (a) checkerboards | (b) identity-like QK | (c) patch | all |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
