@@ -12,8 +12,10 @@ nonlinearity (``VectorTransformerConfig.act_fn``; the paper's model uses ``relu`
 ``--setup arena`` is ARENA's "transformer from scratch" set-up, which the authors' fork most
 likely started from: ``--init transformer_lens --init-range 0.02 --act-fn gelu_tanh`` (every
 weight matrix N(0, 0.02²), no shrinking of ``W_O``/``W_out``, GELU with the tanh
-approximation). ``--threads`` sets torch's intra-op threads (the paper recipe's timings are
-with 1).
+approximation). ``--normalise all`` scales each sequence by the largest norm among all its
+vectors, targets included (``affine_recurrence.NORMALISATIONS``; the tag gains
+``_normall``; judge such a model with ``measure_claims(..., normalise="all")``).
+``--threads`` sets torch's intra-op threads (the paper recipe's timings are with 1).
 
 Run: python examples/train_affine.py [--recipe paper] [--init transformer_lens | --setup arena]
 [--seed 1] [--threads 1] [--resume]
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--init-range", type=float, help="default: the --init's own range")
     parser.add_argument("--act-fn", choices=list(ACT_FNS), default=None)
     parser.add_argument("--setup", choices=sorted(SETUPS), help="a named set-up (see above)")
+    parser.add_argument("--normalise", choices=ar.NORMALISATIONS, default="inputs")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", help="default: checkpoints/affine_<recipe>_seed<seed>")
     parser.add_argument(
@@ -106,7 +109,8 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model_kwargs = run_setup(args)
-    run_name = f"{args.recipe}{setup_tag(model_kwargs)}_seed{args.seed}"
+    norm_tag = "" if args.normalise == "inputs" else f"_norm{args.normalise}"
+    run_name = f"{args.recipe}{setup_tag(model_kwargs)}{norm_tag}_seed{args.seed}"
     args.out = args.out or f"checkpoints/affine_{run_name}"
     recipe: dict = dict(RECIPES[args.recipe])
     if args.lr is not None and "min_lr" in recipe:
@@ -118,13 +122,13 @@ def main() -> None:
     model = vi.HookedVectorTransformer(cfg, seed=args.seed)
     batch_size = recipe["batch_size"]
     eval_seed = 10_000 + args.seed
-    eval_set = ar.fixed_eval_set(24, 64, seed=eval_seed)
+    eval_set = ar.fixed_eval_set(24, 64, seed=eval_seed, normalise=args.normalise)
     checkpoint_dir = Path(args.checkpoint_dir or Path(args.out).parent / "_train_runs" / run_name)
 
     start = time.perf_counter()
     result = vi.train(
         model,
-        lambda step, gen: ar.generate(batch_size, generator=gen),
+        lambda step, gen: ar.generate(batch_size, generator=gen, normalise=args.normalise),
         steps=recipe["steps"],
         lr=recipe["lr"],
         weight_decay=recipe["weight_decay"],
@@ -147,6 +151,7 @@ def main() -> None:
         "init_range": cfg.init_range,
         "act_fn": cfg.act_fn,
         "setup": args.setup,
+        "normalise": args.normalise,
         "torch_threads": torch.get_num_threads(),
         **recipe,
         "seed": args.seed,

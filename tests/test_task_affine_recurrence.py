@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import vecinterp as vi
+from helpers import unchecked
 from vecinterp.tasks import affine_recurrence as ar
 
 FIELDS = ("inputs", "targets", "loss_mask", "c", "d", "scale")
@@ -298,3 +299,53 @@ def test_fixed_eval_set_rejects_bad_arguments(kwargs, message):
     kwargs = {"n_batches": 2, "batch_size": 2, "seed": 0, **kwargs}
     with pytest.raises(ValueError, match=message):
         ar.fixed_eval_set(**kwargs)
+
+
+# ------------------------------------------------ normalise="all" (§3.1's other reading)
+
+
+def test_normalise_all_scales_by_every_vector_and_keeps_the_draws():
+    inputs_only = ar.generate(64, length=9, seed=3, dtype=torch.float64)
+    every = ar.generate(64, length=9, seed=3, dtype=torch.float64, normalise="all")
+    assert torch.equal(inputs_only.c, every.c)  # the same recurrences ...
+    raw_a = inputs_only.inputs * inputs_only.scale[:, None, None]
+    raw_b = every.inputs * every.scale[:, None, None]
+    assert torch.allclose(raw_a, raw_b, rtol=1e-12, atol=1e-12)  # ... scaled differently
+    norms = torch.cat([every.inputs, every.targets[:, -1:]], 1).norm(dim=-1).amax(1)
+    assert bool(((norms >= 1) & (norms < 2)).all())  # the largest of ALL vectors is u
+    assert bool((inputs_only.targets.norm(dim=-1).amax(1) > 2).any())  # not so by default
+    # the recurrence still holds with the same c and the rescaled d
+    rebuilt = every.c[:, None, None] * every.inputs + every.d[:, None, :]
+    assert torch.allclose(rebuilt, every.targets, rtol=1e-12, atol=1e-12)
+
+
+def test_normalise_reaches_the_stream_the_eval_set_and_the_claims():
+    stream = ar.batches(8, seed=5, dim=3, normalise="all")
+    assert torch.equal(next(stream).inputs, ar.generate(8, dim=3, seed=5, normalise="all").inputs)
+    evals = ar.fixed_eval_set(12, 2, seed=7, dim=3, normalise="all")
+    first = ar.generate(2, dim=3, length=3, generator=torch.Generator().manual_seed(7),
+                        normalise="all")  # fmt: skip
+    assert torch.equal(evals[0].inputs, first.inputs)
+    for bad in ("targets", "", None):
+        with unchecked(), pytest.raises(ValueError, match="normalise"):
+            ar.generate(2, normalise=bad)
+        with unchecked(), pytest.raises(ValueError, match="normalise"):
+            ar.fixed_eval_set(2, 2, seed=0, normalise=bad)
+
+
+def test_measure_claims_judges_on_data_normalised_its_own_way():
+    from vecinterp.tasks import affine_claims as ac
+
+    cfg = vi.VectorTransformerConfig(
+        d_in=4, d_model=16, d_head=4, n_heads=5, n_layers=3, d_mlp=16, n_ctx=16
+    )
+    model = vi.HookedVectorTransformer(cfg, seed=0, dtype=torch.float64)
+    sizes = dict(analysis_batch=8, population=12, eval_batches=12, eval_batch_size=2,
+                 sweep_batches=2, sweep_batch_size=2, n_random=4)  # fmt: skip
+    res = ac.measure_claims(model, normalise="all", **sizes)
+    evals = ar.fixed_eval_set(12, 2, seed=10_000, dim=4, dtype=torch.float64, normalise="all")
+    assert res.values["normalise"] == "all" and res.info["normalise"] == "all"
+    assert res.values["mse"] == pytest.approx(vi.evaluate(vi.process_weights(model), evals),
+                                              rel=1e-12)  # fmt: skip
+    with unchecked(), pytest.raises(ValueError, match="normalise"):
+        ac.measure_claims(model, normalise="targets", **sizes)

@@ -81,6 +81,7 @@ def measure_claims(
     analysis_seed: int = 20_000,
     population_seed: int = 30_000,
     qk_seed: int = 0,
+    normalise: str = "inputs",
     progress: Progress | None = None,
 ) -> ClaimsResult:
     """Measure the paper's thirteen claims on ``model`` under every reading; judge them.
@@ -109,6 +110,9 @@ def measure_claims(
         eval_seed, analysis_seed, population_seed: seeds of the three data sets (none is
             one that training streams use).
         qk_seed: seed of the random ``Q`` of the pseudoinverse patch.
+        normalise: how every data set is normalised
+            (:data:`~vecinterp.tasks.affine_recurrence.NORMALISATIONS`): judge a model on
+            data normalised the way it was trained.
         progress: ``progress(label, seconds)``, called after each analysis.
 
     Returns:
@@ -137,6 +141,8 @@ def measure_claims(
         sweep_batch_size=min(_positive_int("sweep_batch_size", sweep_batch_size), eval_batch_size),
         n_random=_positive_int("n_random", n_random),
     )
+    if normalise not in ar.NORMALISATIONS:
+        raise ValueError(f"normalise must be one of {ar.NORMALISATIONS}, got {normalise!r}")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable(label, seconds) or None, got {progress!r}")
     timer = _Timer(progress)
@@ -147,8 +153,11 @@ def measure_claims(
             net = process_weights(original)
             net.eval()
         cfg = net.cfg
-        kw: dict[str, Any] = dict(dim=cfg.d_in, dtype=net.W_E.dtype, device=net.W_E.device)
+        kw: dict[str, Any] = dict(
+            dim=cfg.d_in, dtype=net.W_E.dtype, device=net.W_E.device, normalise=normalise
+        )
         v.update(n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model, d_in=cfg.d_in)
+        v["normalise"] = normalise
 
         with timer("claim 1: eval MSE (eval set)"):
             eval_set = ar.fixed_eval_set(
@@ -195,5 +204,6 @@ def measure_claims(
         ),
         sizes=sizes,
         seeds=dict(eval=eval_seed, analysis=analysis_seed, population=population_seed, qk=qk_seed),
+        normalise=normalise,
     )
     return ClaimsResult(judge_claims(v), v, timer.timings, info, data)
