@@ -129,7 +129,7 @@ def measure_claims(
         >>> [c.label for c in result.claims][9:11]
         ['10a', '10b']
         >>> result[6].primary.name, [r.name for r in result[6].alternatives][-1]
-        ('d_model', 'full_ov_unfolded')
+        ('d_model', 'output_lens')
     """
     original = _check_model_for_claims(model)
     sizes = dict(
