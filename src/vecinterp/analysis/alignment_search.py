@@ -55,6 +55,9 @@ class AlignmentResult:
             one per Adam step): the intervened run's squared error to the counterfactual
             over the base run's, i.e. ``1 - fraction explained`` on the pairs used.
         test_pairs: ``[n_test]``, the indices of the held-out pairs (the others trained).
+        control_seed: the control seed the random model was drawn with (``control_seed``,
+            or the next one if that model shared a weight matrix with ``model``; see
+            :func:`alignment_search`); ``None`` without the control.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -79,6 +82,7 @@ class AlignmentResult:
     control_basis: Float[torch.Tensor, "d k"] | None
     loss: Float[torch.Tensor, " evaluations"]
     test_pairs: torch.Tensor
+    control_seed: int | None = None
 
 
 def alignment_search(
@@ -139,8 +143,12 @@ def alignment_search(
         batch_size: with Adam, pairs per step (``None``: all training pairs).
         test_fraction: the share of pairs held out, in (0, 1).
         control: also run the same search (same split, same start) on the architecture
-            with random weights (``init_weights(control_seed)``).
-        control_seed: seed of the random model.
+            with random weights.
+        control_seed: seeds the random model, drawn by ``init_weights`` from a stream
+            that no model's ``seed=`` starts (SHA-256 of the seed, one draw discarded), so
+            the control never equals a model built with some ``seed=``, ``seed=0`` included;
+            if one of its weight matrices still equals ``model``'s, it is drawn again with
+            ``control_seed + 1`` (the seed used is ``AlignmentResult.control_seed``).
         seed: seed of the split, the starting ``A`` and the mini-batches.
         progress: show a progress bar over the evaluations.
 
@@ -202,9 +210,10 @@ def alignment_search(
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
         raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
     basis, loss = run.fit(k, train, how, seed, progress)
-    control_basis, control_fraction = None, math.nan
+    control_basis, control_fraction, used_seed = None, math.nan, None
     if control:
-        twin = _Search(random_twin(model, control_seed), base_x, source_x, cf, mask, name, pos)
+        random_model, used_seed = random_twin(model, control_seed)
+        twin = _Search(random_model, base_x, source_x, cf, mask, name, pos)
         control_basis, _ = twin.fit(k, train, how, seed, progress)
         control_fraction = twin.fraction(control_basis, test)
     return AlignmentResult(
@@ -217,6 +226,7 @@ def alignment_search(
         control_basis=control_basis,
         loss=loss,
         test_pairs=test,
+        control_seed=used_seed,
     )
 
 

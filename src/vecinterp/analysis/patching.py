@@ -166,7 +166,9 @@ def activation_patching(
     Raises:
         ValueError: inputs of different shapes or not valid for the model; an unknown
             hook name or ``by``; a ``clean_cache`` missing a swept hook point, of another
-            batch, or not made from ``clean_x``; a metric that does not return a scalar.
+            batch, or not made from ``clean_x``; clean activations holding NaN or inf (in
+            ``clean_cache`` or from the run on ``clean_x``: every cell would be NaN); a
+            metric that does not return a scalar.
         TypeError: a metric that is not callable, a ``clean_cache`` that is no mapping.
 
     Example:
@@ -197,7 +199,7 @@ def activation_patching(
     cells, cell_shape = _cells(layout, by, n_pos, n_heads)
     k_max = max(1, _AUTO_SEQUENCES // batch) if chunk_size is None else chunk_size
     with torch.no_grad():
-        clean_acts = _clean_activations(model, clean_x, names, clean_cache)
+        clean_acts = _clean_activations(model, clean_x, names, clean_cache, finite=True)
         passes = [
             (name, cells[start : start + k_max])
             for name in names
@@ -298,10 +300,14 @@ def _clean_activations(
     clean_x: torch.Tensor,
     names: list[str],
     clean_cache: Mapping[str, torch.Tensor] | None,
+    finite: bool = False,
 ) -> dict[str, torch.Tensor]:
+    """The clean activations at ``names``: from ``clean_cache`` (checked against
+    ``clean_x``) or a run on ``clean_x``; with ``finite``, refused if one holds NaN/inf."""
+    check = _finite if finite else lambda acts, source: acts
     if clean_cache is None:
         _, cache = model.run_with_cache(clean_x, names_filter=names)
-        return {name: cache[name] for name in names}
+        return check({name: cache[name] for name in names}, "the clean run on clean_x")
     if not isinstance(clean_cache, Mapping):
         raise TypeError(
             f"clean_cache must be an ActivationCache or a dict, got {type(clean_cache).__name__}"
@@ -315,6 +321,26 @@ def _clean_activations(
             )
         acts[name] = clean_cache[name]
     _check_cache_input(model, clean_x, clean_cache)
+    return check(acts, "clean_cache")
+
+
+def _finite(acts: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """``acts``, refused (``ValueError`` naming the hook point and ``source``) if one holds
+    NaN or inf: every cell patched from it would be NaN, not a measurement (as
+    :func:`~vecinterp.attribution_patching` refuses the same activations)."""
+    for name, act in acts.items():
+        if isinstance(act, torch.Tensor) and not bool(act.isfinite().all()):
+            bad = int((~act.isfinite()).sum())
+            hint = (
+                "pass the cache of model.run_with_cache(clean_x), or clean_cache=None"
+                if source == "clean_cache"
+                else "the inputs are finite, so the model overflows on them (check the scale "
+                "of the inputs and of the weights)"
+            )
+            raise ValueError(
+                f"{source} holds NaN or inf in {bad} entries of {name!r}: every cell patched "
+                f"from it would be NaN; {hint}"
+            )
     return acts
 
 
@@ -430,10 +456,16 @@ def _check_patching_args(
 
 
 def _check_runs(
-    model: HookedVectorTransformer, clean_x: object, corrupted_x: object, metric: object
+    model: HookedVectorTransformer,
+    clean_x: object,
+    corrupted_x: object,
+    metric: object,
+    names: tuple[str, str] = ("clean_x", "corrupted_x"),
 ) -> None:
-    """Two inputs of one shape, each valid for ``model``, and a callable metric."""
-    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
+    """Two inputs of one shape, each valid for ``model``, and a callable metric; errors
+    call the inputs ``names`` (the caller's own argument names)."""
+    first, second = names
+    check_input(clean_x, model.cfg, model.W_E, name=first)
     assert isinstance(clean_x, torch.Tensor)
     if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
         got = (
@@ -442,9 +474,9 @@ def _check_runs(
             else type(corrupted_x).__name__
         )
         raise ValueError(
-            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
-            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
+            f"{first} and {second} must have the same shape [batch, pos, d_in]; "
+            f"{first} is {tuple(clean_x.shape)}, {second} is {got}"
         )
-    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
+    check_input(corrupted_x, model.cfg, model.W_E, name=second)
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")

@@ -63,6 +63,9 @@ class ProbeResult:
         bias: ``[point, pos, k]``.
         n_train: training sequences (cross-validated in ``n_folds`` folds).
         n_test: held-out sequences, which every R² is computed on.
+        control_seed: the control seed the random model was drawn with (``fit_probes``'s
+            ``control_seed``, or the next one if that model shared a weight matrix with
+            ``model``: see ``control_seed`` there); ``None`` without that control.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -93,6 +96,7 @@ class ProbeResult:
     bias: Float[torch.Tensor, "point pos k"]
     n_train: int
     n_test: int
+    control_seed: int | None = None
 
     @property
     def selectivity(self) -> Float[torch.Tensor, "point pos"]:
@@ -138,7 +142,10 @@ def fit_probes(
     Targets (``batch = x.shape[0]``) are continuous:
 
     - ``[batch]`` or ``[batch, k]``: one value per sequence (e.g. the affine task's ``c``,
-      ``d``), probed at every position;
+      ``d``), probed at every position. ``[batch, pos]`` (``k`` equal to the number of
+      positions) is refused as ambiguous: write a scalar per position as ``[batch, pos,
+      1]`` (``t[..., None]``), or ``pos`` values per sequence as ``t[:, None,
+      :].expand(-1, pos, -1)``;
     - ``[batch, pos, k]``: one per position (``pos = x.shape[1]``), probed at the same
       position (e.g. ``a_{n-1}`` at position ``n``; a scalar per position is
       ``[batch, pos, 1]``). NaN at a position marks the target undefined there: that
@@ -161,7 +168,11 @@ def fit_probes(
         positions: the positions to probe (default: all of ``x``'s).
         controls: which controls to compute, a subset of ``("random_model",
             "shuffled")``; the fields of the others are NaN.
-        control_seed: seed of the random model's ``init_weights``.
+        control_seed: seeds the random model, drawn by ``init_weights`` from a stream
+            that no model's ``seed=`` starts (SHA-256 of the seed, one draw discarded), so
+            the control never equals a model built with some ``seed=``, ``seed=0`` included;
+            if one of its weight matrices still equals ``model``'s, it is drawn again with
+            ``control_seed + 1`` (the seed used is :attr:`ProbeResult.control_seed`).
         alphas: the relative ridge penalties cross-validation chooses from (positive).
         n_folds: folds of the cross-validation (at least 2).
         test_fraction: the share of sequences held out for scoring, in (0, 1).
@@ -208,14 +219,18 @@ def fit_probes(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     split = make_split(batch, test_fraction, n_folds, n_bootstrap, seed)
-    shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(seed + 1))
+    # seed + 1 wrapped into the generator's 64 bits (seed = 2**64 - 1 is accepted): the
+    # same stream as seed + 1 for every seed below that
+    shuffled_seed = (seed + 1) % 2**64
+    shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(shuffled_seed))
     # per target: [cells or 1, batch, k] in the layout of one hook point's cells (positions)
     ys = {name: _cells_of(t, pos) for name, t in named.items()}
     undefined = {name: _undefined(t, pos) for name, t in named.items()}
     runs: dict[str, dict[str, list[RidgeFit]]] = {}
     models = {"model": model}
+    used_seed = None
     if "random_model" in wanted:
-        models["random_model"] = random_twin(model, control_seed)
+        models["random_model"], used_seed = random_twin(model, control_seed)
     for label, net in models.items():
         acts = capture(
             net, x, names, pos, chunk_size=chunk_size, progress=progress, desc=f"capture {label}"
@@ -226,7 +241,9 @@ def fit_probes(
         )
         for key, value in fits.items():
             runs.setdefault(key, {})[label] = value
-    return {name: _result(name, names, pos, runs, undefined[name], split) for name in named}
+    return {
+        name: _result(name, names, pos, runs, undefined[name], split, used_seed) for name in named
+    }
 
 
 def _solve(
@@ -277,6 +294,7 @@ def _result(
     runs: dict[str, dict[str, list[RidgeFit]]],
     undefined: torch.Tensor,
     split: object,
+    control_seed: int | None,
 ) -> ProbeResult:
     def stack(fits: list[RidgeFit] | None, field: str) -> torch.Tensor:
         if fits is None:
@@ -303,6 +321,7 @@ def _result(
         bias=stack(main, "bias"),
         n_train=len(split.train),  # type: ignore[attr-defined]
         n_test=len(split.test),  # type: ignore[attr-defined]
+        control_seed=control_seed,
     )
 
 
@@ -323,6 +342,15 @@ def _check_targets(targets: object, batch: int, n_pos: int) -> dict[str, torch.T
         t = t.detach().to("cpu", torch.float64)
         if t.ndim == 1:
             t = t[:, None]
+        if t.ndim == 2 and t.shape[1] == n_pos and n_pos > 1:
+            raise ValueError(
+                f"targets[{name!r}] is [batch={batch}, {n_pos}] and x has {n_pos} positions: "
+                f"it could be one value per position or {n_pos} values per sequence. Say "
+                f"which: targets[{name!r}][..., None] ([batch, pos, 1]) probes each "
+                f"position's value at its own position; targets[{name!r}][:, None, :]"
+                f".expand(-1, {n_pos}, -1) ([batch, pos, {n_pos}]) probes the {n_pos} values "
+                "of each sequence at every position"
+            )
         ok = t.ndim in (2, 3) and t.shape[0] == batch and (t.ndim == 2 or t.shape[1] == n_pos)
         if not ok or t.shape[-1] == 0:
             raise ValueError(
