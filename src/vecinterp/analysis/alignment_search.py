@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input, check_seed
+from ..threads import check_threads, use_threads
 from ._points import block_of, capture, random_twin, resolve_points
 
 __all__ = ["AlignmentResult", "alignment_search"]
@@ -104,6 +105,7 @@ def alignment_search(
     control_seed: int = 0,
     seed: int = 0,
     progress: bool = True,
+    threads: int | str | None = None,
 ) -> AlignmentResult:
     """Learn a ``k``-dimensional subspace whose interchange gives the counterfactual output.
 
@@ -151,6 +153,10 @@ def alignment_search(
             ``control_seed + 1`` (the seed used is ``AlignmentResult.control_seed``).
         seed: seed of the split, the starting ``A`` and the mini-batches.
         progress: show a progress bar over the evaluations.
+        threads: CPU threads for the call (``torch.set_num_threads``, torch's setting
+            restored when it returns): an int >= 1, ``"auto"`` (the idle cores, at most
+            torch's setting: :func:`~vecinterp.choose_threads`), or ``None`` (default:
+            torch's setting as it is).
 
     Returns:
         An :class:`AlignmentResult`.
@@ -175,59 +181,63 @@ def alignment_search(
         >>> found.basis.shape, found.fraction_explained > 0.99
         (torch.Size([8, 3]), True)
     """
-    if not isinstance(model, HookedVectorTransformer):
-        raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
-    base_x = check_input(base_x, model.cfg, model.W_E, name="base_x")
-    source_x = check_input(source_x, model.cfg, model.W_E, name="source_x")
-    if source_x.shape != base_x.shape:
-        raise ValueError(
-            f"base_x and source_x must have the same shape, got {tuple(base_x.shape)} and "
-            f"{tuple(source_x.shape)}"
+    check_threads("threads", threads)
+    with use_threads(threads):
+        if not isinstance(model, HookedVectorTransformer):
+            raise TypeError(
+                f"model: expected a HookedVectorTransformer, got {type(model).__name__}"
+            )
+        base_x = check_input(base_x, model.cfg, model.W_E, name="base_x")
+        source_x = check_input(source_x, model.cfg, model.W_E, name="source_x")
+        if source_x.shape != base_x.shape:
+            raise ValueError(
+                f"base_x and source_x must have the same shape, got {tuple(base_x.shape)} and "
+                f"{tuple(source_x.shape)}"
+            )
+        names = resolve_points(model, hook_name, "hook_name")
+        if len(names) != 1:
+            raise ValueError(
+                f"hook_name must name one hook point (a full name such as "
+                f"'blocks.1.hook_resid_mid'), got {hook_name!r}, which names {len(names)}"
+            )
+        name = names[0]
+        batch, n_pos = base_x.shape[0], base_x.shape[1]
+        mask = _check_mask(output_mask, batch, n_pos, base_x.device)
+        cf = _check_counterfactual(counterfactual, batch, n_pos, model, mask)
+        pos = _check_position(position, n_pos)
+        how = _check_optimiser(optimizer, steps, lr, batch_size)
+        _check_test_fraction(test_fraction, batch)
+        check_seed("seed", seed)
+        check_seed("control_seed", control_seed)
+        if not isinstance(control, bool):
+            raise TypeError(f"control must be a bool, got {control!r}")
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.randperm(batch, generator=gen)
+        n_test = max(1, round(test_fraction * batch))
+        test, train = order[:n_test].sort().values, order[n_test:].sort().values
+        run = _Search(model, base_x, source_x, cf, mask, name, pos)
+        d = run.source.shape[-1]
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+            raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
+        basis, loss = run.fit(k, train, how, seed, progress)
+        control_basis, control_fraction, used_seed = None, math.nan, None
+        if control:
+            random_model, used_seed = random_twin(model, control_seed)
+            twin = _Search(random_model, base_x, source_x, cf, mask, name, pos)
+            control_basis, _ = twin.fit(k, train, how, seed, progress)
+            control_fraction = twin.fraction(control_basis, test)
+        return AlignmentResult(
+            hook_name=name,
+            position=pos,
+            basis=basis,
+            fraction_explained=run.fraction(basis, test),
+            train_fraction_explained=run.fraction(basis, train),
+            control_fraction_explained=control_fraction,
+            control_basis=control_basis,
+            loss=loss,
+            test_pairs=test,
+            control_seed=used_seed,
         )
-    names = resolve_points(model, hook_name, "hook_name")
-    if len(names) != 1:
-        raise ValueError(
-            f"hook_name must name one hook point (a full name such as "
-            f"'blocks.1.hook_resid_mid'), got {hook_name!r}, which names {len(names)}"
-        )
-    name = names[0]
-    batch, n_pos = base_x.shape[0], base_x.shape[1]
-    mask = _check_mask(output_mask, batch, n_pos, base_x.device)
-    cf = _check_counterfactual(counterfactual, batch, n_pos, model, mask)
-    pos = _check_position(position, n_pos)
-    how = _check_optimiser(optimizer, steps, lr, batch_size)
-    _check_test_fraction(test_fraction, batch)
-    check_seed("seed", seed)
-    check_seed("control_seed", control_seed)
-    if not isinstance(control, bool):
-        raise TypeError(f"control must be a bool, got {control!r}")
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(batch, generator=gen)
-    n_test = max(1, round(test_fraction * batch))
-    test, train = order[:n_test].sort().values, order[n_test:].sort().values
-    run = _Search(model, base_x, source_x, cf, mask, name, pos)
-    d = run.source.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
-        raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
-    basis, loss = run.fit(k, train, how, seed, progress)
-    control_basis, control_fraction, used_seed = None, math.nan, None
-    if control:
-        random_model, used_seed = random_twin(model, control_seed)
-        twin = _Search(random_model, base_x, source_x, cf, mask, name, pos)
-        control_basis, _ = twin.fit(k, train, how, seed, progress)
-        control_fraction = twin.fraction(control_basis, test)
-    return AlignmentResult(
-        hook_name=name,
-        position=pos,
-        basis=basis,
-        fraction_explained=run.fraction(basis, test),
-        train_fraction_explained=run.fraction(basis, train),
-        control_fraction_explained=control_fraction,
-        control_basis=control_basis,
-        loss=loss,
-        test_pairs=test,
-        control_seed=used_seed,
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -326,11 +326,17 @@ def _clean_activations(
 
 def _finite(acts: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """``acts``, refused (``ValueError`` naming the hook point and ``source``) if one holds
-    NaN or inf: every cell patched from it would be NaN, not a measurement (as
+    NaN or inf (but the -inf of masked keys in ``hook_attn_scores``): every cell patched
+    from it would be NaN, not a measurement (as
     :func:`~vecinterp.attribution_patching` refuses the same activations)."""
     for name, act in acts.items():
-        if isinstance(act, torch.Tensor) and not bool(act.isfinite().all()):
-            bad = int((~act.isfinite()).sum())
+        if not isinstance(act, torch.Tensor) or bool(act.isfinite().all()):
+            continue
+        wrong = act.isnan() | act.isposinf()
+        if not name.endswith("hook_attn_scores"):  # there -inf marks a masked key
+            wrong |= act.isneginf()
+        if bool(wrong.any()):
+            bad = int(wrong.sum())
             hint = (
                 "pass the cache of model.run_with_cache(clean_x), or clean_cache=None"
                 if source == "clean_cache"

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input, check_seed
+from ..threads import check_threads, use_threads
 from ._points import capture, random_twin, resolve_points
 from ._ridge import RidgeCV, RidgeFit, make_split
 
@@ -126,6 +127,7 @@ def fit_probes(
     seed: int = 0,
     chunk_size: int = 64,
     progress: bool = True,
+    threads: int | str | None = None,
 ) -> dict[str, ProbeResult]:
     """Fit a linear probe for each target at every hook point × position; score held out.
 
@@ -181,6 +183,10 @@ def fit_probes(
         seed: seed of the split, the folds, the bootstrap and the shuffle.
         chunk_size: sequences per forward pass of the capture.
         progress: show progress bars.
+        threads: CPU threads for the call (``torch.set_num_threads``, torch's setting
+            restored when it returns): an int >= 1, ``"auto"`` (the idle cores, at most
+            torch's setting: :func:`~vecinterp.choose_threads`), or ``None`` (default:
+            torch's setting as it is).
 
     Returns:
         ``{target name: ProbeResult}``.
@@ -204,46 +210,65 @@ def fit_probes(
         >>> bool((probes["x0"].r2[0] > 0.99).all())    # the input itself, at layer 0
         True
     """
-    if not isinstance(model, HookedVectorTransformer):
-        raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
-    x = check_input(x, model.cfg, model.W_E, name="x")
-    batch, n_pos = x.shape[0], x.shape[1]
-    named = _check_targets(targets, batch, n_pos)
-    names = resolve_points(model, hook_names, "hook_names")
-    pos = _check_positions(positions, n_pos)
-    wanted = _check_controls(controls)
-    alpha_grid = _check_alphas(alphas)
-    _check_split(batch, n_folds, test_fraction, n_bootstrap, ci)
-    check_seed("seed", seed)
-    check_seed("control_seed", control_seed)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    split = make_split(batch, test_fraction, n_folds, n_bootstrap, seed)
-    # seed + 1 wrapped into the generator's 64 bits (seed = 2**64 - 1 is accepted): the
-    # same stream as seed + 1 for every seed below that
-    shuffled_seed = (seed + 1) % 2**64
-    shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(shuffled_seed))
-    # per target: [cells or 1, batch, k] in the layout of one hook point's cells (positions)
-    ys = {name: _cells_of(t, pos) for name, t in named.items()}
-    undefined = {name: _undefined(t, pos) for name, t in named.items()}
-    runs: dict[str, dict[str, list[RidgeFit]]] = {}
-    models = {"model": model}
-    used_seed = None
-    if "random_model" in wanted:
-        models["random_model"], used_seed = random_twin(model, control_seed)
-    for label, net in models.items():
-        acts = capture(
-            net, x, names, pos, chunk_size=chunk_size, progress=progress, desc=f"capture {label}"
-        )
-        shuffled = label == "model" and "shuffled" in wanted
-        fits = _solve(
-            acts, names, ys, split, alpha_grid, ci, shuffle if shuffled else None, progress, label
-        )
-        for key, value in fits.items():
-            runs.setdefault(key, {})[label] = value
-    return {
-        name: _result(name, names, pos, runs, undefined[name], split, used_seed) for name in named
-    }
+    check_threads("threads", threads)
+    with use_threads(threads):
+        if not isinstance(model, HookedVectorTransformer):
+            raise TypeError(
+                f"model: expected a HookedVectorTransformer, got {type(model).__name__}"
+            )
+        x = check_input(x, model.cfg, model.W_E, name="x")
+        batch, n_pos = x.shape[0], x.shape[1]
+        named = _check_targets(targets, batch, n_pos)
+        names = resolve_points(model, hook_names, "hook_names")
+        pos = _check_positions(positions, n_pos)
+        wanted = _check_controls(controls)
+        alpha_grid = _check_alphas(alphas)
+        _check_split(batch, n_folds, test_fraction, n_bootstrap, ci)
+        check_seed("seed", seed)
+        check_seed("control_seed", control_seed)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        split = make_split(batch, test_fraction, n_folds, n_bootstrap, seed)
+        # seed + 1 wrapped into the generator's 64 bits (seed = 2**64 - 1 is accepted): the
+        # same stream as seed + 1 for every seed below that
+        shuffled_seed = (seed + 1) % 2**64
+        shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(shuffled_seed))
+        # per target: [cells or 1, batch, k] in the layout of one hook point's cells (positions)
+        ys = {name: _cells_of(t, pos) for name, t in named.items()}
+        undefined = {name: _undefined(t, pos) for name, t in named.items()}
+        runs: dict[str, dict[str, list[RidgeFit]]] = {}
+        models = {"model": model}
+        used_seed = None
+        if "random_model" in wanted:
+            models["random_model"], used_seed = random_twin(model, control_seed)
+        for label, net in models.items():
+            acts = capture(
+                net,
+                x,
+                names,
+                pos,
+                chunk_size=chunk_size,
+                progress=progress,
+                desc=f"capture {label}",
+            )
+            shuffled = label == "model" and "shuffled" in wanted
+            fits = _solve(
+                acts,
+                names,
+                ys,
+                split,
+                alpha_grid,
+                ci,
+                shuffle if shuffled else None,
+                progress,
+                label,
+            )
+            for key, value in fits.items():
+                runs.setdefault(key, {})[label] = value
+        return {
+            name: _result(name, names, pos, runs, undefined[name], split, used_seed)
+            for name in named
+        }
 
 
 def _solve(

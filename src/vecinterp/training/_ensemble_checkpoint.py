@@ -218,6 +218,7 @@ def write_members(
     device: torch.device,
     averages: list[HookedVectorTransformer] | None,
     elapsed: float,
+    threads: int | None = None,
 ) -> list[Path | None]:
     """Write the checkpoint of ``step`` of each member in ``nets`` (members ``first``,
     ``first + 1``, ... of an ensemble of ``members``; the lists are indexed like ``nets``)."""
@@ -233,6 +234,7 @@ def write_members(
             "data_fingerprint": fingerprint(parts[j]),
             "elapsed": elapsed,
             "device": str(device),
+            **({} if threads is None else {"threads": threads}),
             "ensemble": {
                 "member": first + j,
                 "members": members,
@@ -307,13 +309,13 @@ def restore(
     histories: list[TrainHistory],
     diverged: list[TrainingDivergedError | None],
     checkpoints: list[Path | None],
-) -> tuple[int, float]:
+) -> tuple[int, float, dict[str, Any] | None]:
     """Load the checkpoint of ``step`` of each member in ``nets`` (members ``first``,
     ``first + 1``, ...; with vi.train's own checks) into the stacks (through the members'
     aliased models and optimizers), the data sources and the RNGs; fill ``histories``,
-    ``diverged`` and ``checkpoints`` (indexed like ``nets``). Returns ``(step,
-    elapsed)``."""
-    elapsed = 0.0
+    ``diverged`` and ``checkpoints`` (indexed like ``nets``). Returns ``(step, elapsed,
+    record)``, ``record`` the first member's ``trainer.json`` (``None`` for no member)."""
+    elapsed, first_record = 0.0, None
     for i, net in enumerate(nets):
         path = member_dir(checkpoint_dir, first + i) / step_dir_name(step)
         # lexists: a trainer.json that is not a regular file (a FIFO, a link to /dev/zero)
@@ -343,7 +345,8 @@ def restore(
             err.args = (d["message"],)
             diverged[i] = err
         checkpoints[i] = path
-    return step, elapsed
+        first_record = record if first_record is None else first_record
+    return step, elapsed, first_record
 
 
 def _check_member(path: Path, member: int) -> None:
