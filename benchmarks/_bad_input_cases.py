@@ -2449,7 +2449,7 @@ def ablation_cases(c: Catalogue) -> None:
             f"head_ablation_sweep: population {label}",
             cat,
             lambda fx, m=make: vi.head_ablation_sweep(
-                fx.model(), fx.x(), fx.t(), population=m(fx), progress=False
+                fx.model(), fx.x(), fx.t(), "mean", population=m(fx), progress=False
             ),
             names="population",
             expect=expect,

@@ -67,7 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--das-pos", type=int, default=8)
     parser.add_argument("--out", default="outputs/affine_probes")
     parser.add_argument("--dpi", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, help="torch's threads (default: vi.choose_threads(), the idle cores)"
+    )
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -117,7 +119,13 @@ def swap_map(
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    # the idle cores (at least 1), torch's setting restored at the end: see getting started
+    with vi.use_threads(args.threads or "auto"):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Everything :func:`main` does, on torch's threads as :func:`main` set them."""
     progress = not args.no_progress
     if args.checkpoint in ar.REFERENCE_MODELS:
         model = ar.load_reference(args.checkpoint, device="cpu")

@@ -217,3 +217,23 @@ def test_error_curves_of_a_list_of_models_says_to_pass_one():
     batch = lr.generate(8, seed=0)
     with unchecked(), pytest.raises(TypeError, match=r"got list: pass one model"):
         lr.error_curves([small()], batch)
+
+
+# ---------------------------------------------------------------- issue 34, item 4: kind
+
+
+def test_leaving_out_kind_warns_which_default_each_ablation_uses():
+    """ablate_heads zero-ablates by default and head_ablation_sweep mean-ablates: a call
+    without kind now says which one it gets (a FutureWarning; kind will be required)."""
+    model = small()
+    x, t, pop = torch.randn(4, 5, 3), torch.randn(4, 5, 3), torch.randn(20, 5, 3)
+    with pytest.warns(FutureWarning, match=r"ablate_heads was called without kind, so it uses "
+                                           r"its default kind='zero' \(head_ablation_sweep's "
+                                           r"default is 'mean'\)"):  # fmt: skip
+        plain = vi.ablate_heads(model, x, (1, 0), population=pop)
+    assert torch.equal(plain, vi.ablate_heads(model, x, (1, 0), kind="zero"))
+    with pytest.warns(FutureWarning, match=r"head_ablation_sweep was called without kind, so "
+                                           r"it uses its default kind='mean'"):  # fmt: skip
+        swept = vi.head_ablation_sweep(model, x, t, population=pop, progress=False)
+    assert torch.equal(swept, vi.head_ablation_sweep(model, x, t, "mean", population=pop,
+                                                     progress=False))  # fmt: skip

@@ -23,6 +23,7 @@ from ._ablation_common import (
     Population,
     _check_choice,
     _widest,
+    default_kind,
 )
 from ._validate import check_heads, check_model
 from .ablation_hooks import _fit_replacement, _replacements
@@ -62,7 +63,7 @@ def head_ablation_sweep(
     model: HookedVectorTransformer,
     x: Float[torch.Tensor, "batch pos d_in"],
     targets: Float[torch.Tensor, "batch pos d_out"],
-    kind: str = "mean",
+    kind: str | None = None,
     population: Population | None = None,
     metric: Metric | None = None,
     loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
@@ -102,7 +103,9 @@ def head_ablation_sweep(
         model: the model (not modified).
         x: inputs ``[batch, pos, d_in]``.
         targets: ``[batch, pos, d_out]``.
-        kind: ``"zero"``, ``"mean"`` (default) or ``"resample"``.
+        kind: ``"zero"``, ``"mean"`` or ``"resample"``. Left out: ``"mean"``, with a
+            ``FutureWarning`` (:func:`ablate_heads` defaults to ``"zero"``; ``kind`` will
+            be required in a later release).
         population: as in :func:`ablate_heads` (needed for ``"mean"``).
         metric: ``metric(output, targets) -> scalar`` with ``output`` one copy's outputs
             ``[batch, pos, d_out]`` and ``targets`` as given; it returns a one-element
@@ -134,8 +137,8 @@ def head_ablation_sweep(
         >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
         ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
         >>> x, t, pop = torch.randn(4, 6, 3), torch.randn(4, 6, 3), torch.randn(50, 6, 3)
-        >>> scores, base = head_ablation_sweep(model, x, t, population=pop, progress=False,
-        ...                                    return_baseline=True)
+        >>> scores, base = head_ablation_sweep(model, x, t, "mean", population=pop,
+        ...                                    progress=False, return_baseline=True)
         >>> scores.shape, base.shape
         (torch.Size([2, 2]), torch.Size([]))
     """
@@ -143,7 +146,9 @@ def head_ablation_sweep(
     with use_threads(threads):
         model = check_model(model)
         pairs = check_heads(model, heads)
-        kind = _check_choice(kind, KINDS, "kind")
+        kind = _check_choice(
+            default_kind("head_ablation_sweep", "mean") if kind is None else kind, KINDS, "kind"
+        )
         hook = _check_choice(hook, _HEAD_HOOKS, "hook")
         check_input(x, model.cfg, model.W_E)
         batch, n_pos, _ = x.shape
