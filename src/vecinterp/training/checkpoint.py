@@ -20,7 +20,8 @@ removed by the next run).
 A training run owns its ``checkpoint_dir``: it holds an OS lock (``flock``) on the file
 ``.vecinterp-train.lock`` there from start to end (the kernel releases it when the process
 dies, however it dies), and a second run on the same directory is refused, as is a run in
-a ``member_*`` directory of a running ensemble (:func:`lock_holder`).
+a ``member_*`` directory of a running ensemble (:func:`lock_holder`), known by the
+directory itself (its resolved path), not by the name it was given.
 """
 
 import json

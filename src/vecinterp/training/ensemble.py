@@ -234,8 +234,12 @@ def train_ensemble(
     step that every member has written, the one ``resume=True`` continues from, ending
     bit-identical to an uninterrupted run on the same device. The ensemble holds
     ``checkpoint_dir``'s lock from start to end, as ``vi.train`` does; ``vi.train`` in
-    ``checkpoint_dir/member_003`` is refused while the ensemble runs, and the ensemble
-    while a run holds a member's directory.
+    ``checkpoint_dir/member_003`` is refused while the ensemble runs (however the directory
+    is named: ``"."`` from inside it, or a symbolic link), and the ensemble while a run
+    holds a member's directory. A resume refuses member directories whose
+    ``trainer.json`` names another member (swapped or copied by hand), an
+    ``ensemble.json`` that is not a regular file, and a missing ``ensemble.json`` while
+    every member holds checkpoints (the message says how to resume or start afresh).
 
     Returns:
         An :class:`EnsembleResult`: K :class:`~vecinterp.TrainResult` (ordinary models).
