@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import vecinterp as vi
-from vecinterp.tasks import affine_recurrence, induction, retrieval
+from vecinterp.tasks import affine_recurrence, induction, linear_regression, retrieval
 
 HERE = Path(__file__).resolve().parent
 TINY = dict(d_in=4, d_model=16, d_head=8, n_heads=2, n_layers=2, n_ctx=6, d_mlp=32)
@@ -1886,6 +1886,90 @@ def checkpoint_cases(c: Catalogue) -> None:
         timeout=120,
     )
 
+    # issue 33: an ensemble's directories (items 6, 7 and 10)
+    def ensemble_dir(fx: Fx) -> Path:
+        """An ensemble of two tiny members, checkpointed at steps 1 and 2."""
+        directory = fx.tmp("ensemble") / "run"
+        vi.train_ensemble([fx.model(), fx.model()], make_batch, steps=2, lr=1e-2, seed=[0, 1],
+                          checkpoint_dir=directory, checkpoint_every=1, keep_last=None,
+                          progress=False, device="cpu")  # fmt: skip
+        return directory
+
+    def resume_ensemble(directory: Path) -> Any:
+        return vi.train_ensemble([fx_models[0], fx_models[1]], make_batch, steps=3, lr=1e-2,
+                                 seed=[0, 1], checkpoint_dir=directory, checkpoint_every=1,
+                                 keep_last=None, resume=True, progress=False,
+                                 device="cpu")  # fmt: skip
+
+    fx_models: list[Any] = []
+
+    def member_run(how: str) -> Callable[[Fx], Any]:
+        def run(fx: Fx) -> Any:
+            import os
+
+            from vecinterp.training.checkpoint import own_directory
+
+            directory = ensemble_dir(fx)
+            before = sorted(p.name for p in (directory / "member_000").iterdir())
+            held = own_directory(directory)  # as a live ensemble holds it
+            here = Path.cwd()
+            try:
+                if how == "cwd":
+                    os.chdir(directory / "member_000")
+                    target: Path | str = "."
+                else:
+                    target = directory.parent / "link"
+                    target.symlink_to(directory / "member_000")
+                fx.train(steps=4, checkpoint_dir=target, checkpoint_every=1, keep_last=1,
+                         resume=True)  # fmt: skip
+            finally:
+                os.chdir(here)
+                held.release()
+            after = sorted(p.name for p in (directory / "member_000").iterdir())
+            return Problem(f"vi.train ran in a live ensemble's member_000 ({before} -> {after})")
+
+        return run
+
+    for how in ("cwd", "symlink"):
+        c.add(
+            f"train() in a live ensemble's member_000 via {'.' if how == 'cwd' else 'a symlink'}",
+            "checkpoints",
+            member_run(how),
+            names=("checkpoint_dir", "member_000", "ensemble"),
+        )
+
+    def with_models(edit: Callable[[Path], None]) -> Callable[[Fx], Any]:
+        def run(fx: Fx) -> Any:
+            directory = ensemble_dir(fx)
+            fx_models[:] = [fx.model(), fx.model()]
+            edit(directory)
+            return resume_ensemble(directory)
+
+        return run
+
+    def fifo_marker(directory: Path) -> None:
+        import os
+
+        (directory / "ensemble.json").unlink()
+        os.mkfifo(directory / "ensemble.json")
+
+    def swap_members(directory: Path) -> None:
+        (directory / "member_000").rename(directory / "swap")
+        (directory / "member_001").rename(directory / "member_000")
+        (directory / "swap").rename(directory / "member_001")
+
+    for label, edit, names in [
+        ("ensemble.json a FIFO", fifo_marker, ("ensemble.json", "FIFO")),
+        ("member directories swapped", swap_members, ("member_000", "trainer.json")),
+        (
+            "ensemble.json lost, every member holding checkpoints",
+            lambda d: (d / "ensemble.json").unlink(),
+            ("ensemble.json",),
+        ),
+    ]:
+        c.add(f"resume an ensemble: {label}", "checkpoints", with_models(edit), names=names,
+              timeout=30)  # fmt: skip
+
 
 def training_cases(c: Catalogue) -> None:
     args: list[tuple[str, Any, bool]] = [
@@ -2150,6 +2234,15 @@ def training_cases(c: Catalogue) -> None:
         names="model",
     )
 
+    # issue 34: threads="auto" is the default; a bad count names the argument
+    for bad in ("all", 0, -2, 1.5):
+        c.add(
+            f"train(threads={bad!r})",
+            "training",
+            lambda fx, b=bad: fx.train(threads=b),
+            names="threads",
+        )
+
 
 def loss_cases(c: Catalogue) -> None:
     def mse(fx: Fx, **kw: Any) -> Any:
@@ -2394,6 +2487,55 @@ def analysis_cases(c: Catalogue) -> None:
     detector_cases(c)
     emergence_cases(c)
 
+    # issue 33 (items 9, 11, 14) and 34 (threads=, kind): probes, subspaces, ablation
+    cat = "analysis.probes"
+
+    def probes(fx: Fx, kw: Any) -> Any:
+        x = fx.x(batch=40)
+        args: dict[str, Any] = dict(model=fx.model(), x=x, targets=x[:, 0, 0],
+                                    hook_names="blocks.0.hook_resid_pre", n_bootstrap=2,
+                                    progress=False)  # fmt: skip
+        args.update(kw(fx) if callable(kw) else kw)
+        return vi.fit_probes(**args)
+
+    for label, kw, names, ok in [
+        ("targets [batch, pos]", lambda fx: dict(targets=fx.x(batch=40)[..., 0]),
+         ("targets",), False),
+        ("seed=2**64-1", dict(seed=2**64 - 1), ("seed",), True),
+        ("threads=0", dict(threads=0), ("threads",), False),
+        ("threads='auto'", dict(threads="auto"), ("threads",), True),
+        ("a gated MLP's hook_pre_linear",
+         lambda fx: dict(model=fx.model(gated_mlp=True), hook_names="blocks.0.mlp.hook_pre_linear"),
+         ("hook_names",), True),
+    ]:  # fmt: skip
+        c.add(f"fit_probes({label})", cat, lambda fx, k=kw: probes(fx, k), names=names,
+              ok_if_accepted=ok)  # fmt: skip
+    c.add(
+        "orthonormal_basis(0-d tensor)",
+        cat,
+        lambda fx: vi.orthonormal_basis(torch.tensor(1.0)),
+        names="subspace",
+    )
+    c.add(
+        "subspace_patch_hook(index=(7,)) out of range",
+        cat,
+        lambda fx: vi.subspace_patch_hook(fx.x(), torch.ones(4), (7,)),
+        names="index",
+    )
+    c.add(
+        "ablate_heads without kind",
+        "analysis.ablation",
+        lambda fx: vi.ablate_heads(fx.model(), fx.x(), (0, 0)),
+        names="kind",
+        warn_ok=True,
+    )
+    c.add(
+        "error_curves([model], batch)",
+        "tasks",
+        lambda fx: linear_regression.error_curves([fx.model()], linear_regression.generate(4)),
+        names="model",
+    )
+
 
 def ablation_cases(c: Catalogue) -> None:
     cat = "analysis.ablation"
@@ -2449,7 +2591,7 @@ def ablation_cases(c: Catalogue) -> None:
             f"head_ablation_sweep: population {label}",
             cat,
             lambda fx, m=make: vi.head_ablation_sweep(
-                fx.model(), fx.x(), fx.t(), population=m(fx), progress=False
+                fx.model(), fx.x(), fx.t(), "mean", population=m(fx), progress=False
             ),
             names="population",
             expect=expect,
@@ -2846,6 +2988,24 @@ def patching_cases(c: Catalogue) -> None:
             names=names,
             ok_if_accepted=ok,
         )
+
+    # issue 33 (items 11, 15)
+    def nan_cache(fx: Fx) -> Any:
+        model = fx.model()
+        cache = dict(model.run_with_cache(fx.x())[1].items())
+        cache["blocks.1.hook_resid_pre"] = cache["blocks.1.hook_resid_pre"].clone()
+        cache["blocks.1.hook_resid_pre"][0, 1, 2] = NAN
+        return patch(fx, model=model, clean_cache=cache)
+
+    c.add("activation_patching(clean_cache with NaN)", cat, nan_cache, names="clean_cache")
+    c.add(
+        "patch_subspace(base_x of another shape)",
+        cat,
+        lambda fx: vi.patch_subspace(
+            fx.model(), fx.x(), fx.x(pos=4), metric, "resid_pre", torch.ones(16), progress=False
+        ),  # fmt: skip
+        names=("base_x", "source_x"),
+    )
 
 
 def circuit_discovery_cases(c: Catalogue) -> None:

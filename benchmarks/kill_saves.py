@@ -12,6 +12,12 @@
     must be bit-identical (weights, optimizer state, losses) to an uninterrupted run.
 (c) Two runs started together on one ``checkpoint_dir``, ``--pairs`` times: does the first
     finish bit-identical to a run alone, and is the second refused with a clear message?
+(d) Ensembles, ``--ensembles`` times: while a forked ``vi.train_ensemble`` runs, ``vi.train``
+    (resume=True) in its ``member_000`` reached as ``"."`` from inside it and through a
+    symbolic link must be refused without touching a file, and the ensemble must finish
+    bit-identical to one alone; then its ``ensemble.json`` replaced by a FIFO, by a link to
+    ``/dev/zero`` and removed, and its member directories swapped: each resume (in a forked
+    child with 2 GiB of address space, killed after 60 s) must be refused clearly.
 
 Run the same script against another checkout to compare (the before/after figures)::
 
@@ -269,12 +275,138 @@ def concurrent_runs(pairs: int, root: Path) -> dict[str, object]:
     return counts
 
 
+ENSEMBLE_SEEDS = [0, 1]
+
+
+def train_ensemble(checkpoint_dir: Path, resume: bool, callback=None) -> vi.EnsembleResult:
+    models = [vi.HookedVectorTransformer(TRAIN_CFG, seed=s, dtype=F64) for s in ENSEMBLE_SEEDS]
+    return vi.train_ensemble(
+        models, make_batch, steps=STEPS, lr=3e-3, warmup_steps=5, schedule="cosine",
+        grad_clip=1.0, checkpoint_dir=checkpoint_dir, checkpoint_every=3, keep_last=2,
+        resume=resume, progress=False, device="cpu", seed=ENSEMBLE_SEEDS, callback=callback,
+    )  # fmt: skip
+
+
+def member_listing(directory: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(directory)), p.lstat().st_size) for p in directory.rglob("*"))
+
+
+def refused_in_child(action: Callable[[], None], status: Path) -> str:
+    """Run ``action`` in a forked child (2 GiB of address space, killed after 60 s); its
+    outcome: ``"refused: <message>"``, ``"accepted"``, ``"crashed"`` or ``"hung"``."""
+
+    def child() -> int:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        try:
+            action()
+            status.write_text("accepted")
+        except ValueError as err:
+            status.write_text(f"refused: {err}")
+        return 0
+
+    pid = fork(child)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status.read_text() if status.exists() else "crashed"
+        time.sleep(0.05)
+    kill(pid)
+    return "hung"
+
+
+def ensembles(n: int, root: Path) -> dict[str, object]:
+    """Section (d): an ensemble's directories."""
+    reference = root / "ensemble-reference"
+    train_ensemble(reference, resume=False)
+    final = f"step_{STEPS:08d}"
+    counts = {"ensembles": n, "member_runs_refused": 0, "member_runs_let_through": 0,
+              "ensemble_identical": 0, "ensemble_different_or_crashed": 0,
+              "bad_resumes_refused_clearly": 0, "bad_resumes_not_refused": []}  # fmt: skip
+    for i in range(n):
+        directory = root / f"ensemble{i}"
+        started = root / f"ensemble{i}.started"
+
+        def slow(step: int, metrics: object, s: Path = started) -> None:
+            if step == 3:
+                s.touch()
+            if step >= 3:
+                time.sleep(0.05)
+
+        def ensemble_run(d: Path = directory, cb=slow) -> int:
+            train_ensemble(d, resume=False, callback=cb)
+            return 0
+
+        pid = fork(ensemble_run)
+        while not started.exists():
+            time.sleep(0.01)
+        here = Path.cwd()
+        for how in ("cwd", "symlink"):
+            before = member_listing(directory / "member_000")
+            try:
+                if how == "cwd":
+                    os.chdir(directory / "member_000")
+                    target = Path(".")
+                else:
+                    target = root / f"ensemble{i}-link"
+                    target.symlink_to(directory / "member_000")
+                model = vi.HookedVectorTransformer(TRAIN_CFG, seed=0, dtype=F64)
+                vi.train(model, make_batch, steps=STEPS, lr=3e-3, checkpoint_dir=target,
+                         checkpoint_every=3, keep_last=1, resume=True, progress=False,
+                         device="cpu")  # fmt: skip
+                counts["member_runs_let_through"] += 1
+            except ValueError as err:
+                untouched = member_listing(directory / "member_000") == before
+                ok = "is a member's directory of the ensemble" in str(err) and untouched
+                counts["member_runs_refused" if ok else "member_runs_let_through"] += 1
+            finally:
+                os.chdir(here)
+        code = reap(pid)
+        same = code == 0 and all(
+            same_checkpoint(directory / m / final, reference / m / final)
+            for m in ("member_000", "member_001")
+        )
+        counts["ensemble_identical" if same else "ensemble_different_or_crashed"] += 1
+
+    def fifo(d: Path) -> None:
+        (d / "ensemble.json").unlink()
+        os.mkfifo(d / "ensemble.json")
+
+    def dev_zero(d: Path) -> None:
+        (d / "ensemble.json").unlink()
+        (d / "ensemble.json").symlink_to("/dev/zero")
+
+    def swap(d: Path) -> None:
+        (d / "member_000").rename(d / "swap")
+        (d / "member_001").rename(d / "member_000")
+        (d / "swap").rename(d / "member_001")
+
+    edits = {"ensemble.json a FIFO": fifo, "ensemble.json -> /dev/zero": dev_zero,
+             "ensemble.json removed": lambda d: (d / "ensemble.json").unlink(),
+             "member directories swapped": swap}  # fmt: skip
+    for k, (label, edit) in enumerate(edits.items()):
+        directory = root / f"bad-resume{k}"
+        shutil.copytree(reference, directory, symlinks=True)
+        edit(directory)
+        outcome = refused_in_child(
+            lambda d=directory: train_ensemble(d, resume=True), root / f"bad-resume{k}.status"
+        )
+        if outcome.startswith("refused: ") and len(outcome) < 1000:
+            counts["bad_resumes_refused_clearly"] += 1
+        else:
+            counts["bad_resumes_not_refused"].append(f"{label}: {outcome[:120]}")  # type: ignore[union-attr]
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--saves", type=int, default=50, help="kills of vi.save (a)")
     parser.add_argument("--runs", type=int, default=6, help="training runs killed (b)")
     parser.add_argument("--kills-per-run", type=int, default=5, help="kills per run (b)")
     parser.add_argument("--pairs", type=int, default=3, help="concurrent pairs (c)")
+    parser.add_argument("--ensembles", type=int, default=2, help="ensembles (d)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
@@ -288,6 +420,7 @@ def main() -> None:
             "saves": kill_saves(args.saves, rng, root),
             "training": kill_training(args.runs, args.kills_per_run, rng, root),
             "concurrent": concurrent_runs(args.pairs, root),
+            "ensembles": ensembles(args.ensembles, root),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)

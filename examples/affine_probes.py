@@ -67,7 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--das-pos", type=int, default=8)
     parser.add_argument("--out", default="outputs/affine_probes")
     parser.add_argument("--dpi", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, help="torch's threads (default: vi.choose_threads(), the idle cores)"
+    )
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -117,7 +119,13 @@ def swap_map(
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    # the idle cores (at least 1), torch's setting restored at the end: see getting started
+    with vi.use_threads(args.threads or "auto"):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Everything :func:`main` does, on torch's threads as :func:`main` set them."""
     progress = not args.no_progress
     if args.checkpoint in ar.REFERENCE_MODELS:
         model = ar.load_reference(args.checkpoint, device="cpu")
@@ -287,7 +295,7 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
                         transform=ax.transAxes,
                     )
                 continue
-            im = ax.imshow(maps[v].numpy(), vmin=lo, vmax=hi, cmap=cmap, aspect="auto")
+            im = draw_map(ax, maps[v], lo, hi, cmap)
             ax.set_yticks(range(len(LABELS)), LABELS)
             ax.set_xlabel("position")
             ax.set_title(f"{names[v]}: {title}", fontsize=9)
@@ -298,10 +306,34 @@ def draw(probes: dict, swaps: dict, das: dict, args: argparse.Namespace):
         "R² of the same probe on the architecture with random weights.\nRow 3: swapping "
         "the probe's subspace from another sequence at one point × position: fraction of "
         "the change to the recurrence's counterfactual\n(c_src a_t + d for c, c a_t + "
-        "d_src for d) achieved at that position (1: all, 0: none).",
+        "d_src for d) achieved at that position (1: all, 0: none).  Hatched grey: not "
+        "computed (a_{t-1} is undefined at position 0; only some positions are swapped).",
         fontsize=10,
     )
     return fig
+
+
+def draw_map(ax, values: torch.Tensor, lo: float, hi: float, cmap: str):
+    """``values [point, pos]`` as an image on ``ax``; its NaN cells (not computed) hatched
+    grey, which no value's colour is (in a diverging map white is 0)."""
+    import matplotlib
+    from matplotlib.patches import Rectangle
+
+    colours = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))  # NaN: transparent
+    n_rows, n_cols = values.shape
+    ax.add_patch(
+        Rectangle(
+            (-0.5, -0.5),
+            n_cols,
+            n_rows,
+            facecolor="0.8",
+            edgecolor="0.45",
+            hatch="///",
+            linewidth=0,
+            zorder=0,
+        )  # fmt: skip
+    )
+    return ax.imshow(values.numpy(), vmin=lo, vmax=hi, cmap=colours, aspect="auto", zorder=1)
 
 
 def das_text(das: dict, args: argparse.Namespace) -> str:

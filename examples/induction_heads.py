@@ -144,6 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, help="torch's threads (default: vi.choose_threads(), the idle cores)"
+    )
     parser.add_argument("--acdc", action="store_true", help="also discover the circuit (ACDC)")
     return parser.parse_args(argv)
 
@@ -152,8 +155,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """Train, analyse, write the report; returns the results table rows."""
     start = time.perf_counter()
     args = parse_args(argv)
+    # the idle cores (at least 1), torch's setting restored at the end: see getting started
+    with vi.use_threads(args.threads or "auto"):
+        return run(args, start)
+
+
+def run(args: argparse.Namespace, start: float) -> list[dict]:
+    """Everything :func:`main` does, on torch's threads as :func:`main` set them."""
     settings = FAST if args.fast else FULL
-    torch.set_num_threads(1)  # small models: extra threads cost more than they give
     trained = train_model(args, settings)
     model = vi.process_weights(trained["model"]).eval()  # fold LN, centre writers: exact
     core_calls(model, settings)

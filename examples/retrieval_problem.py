@@ -58,8 +58,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import vecinterp as vi
 from vecinterp.tasks import retrieval_claims as rc
 
@@ -94,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep them in --out")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, help="torch's threads (default: vi.choose_threads(), the idle cores)"
+    )
     parser.add_argument("--sweep", type=int, metavar="N", help="N seeds each, IC and non-IC")
     return parser.parse_args(argv)
 
@@ -102,11 +103,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """Run everything; returns the results table rows (dicts)."""
     start = time.perf_counter()
     args = parse_args(argv)
+    # the idle cores (at least 1), torch's setting restored at the end: see getting started
+    with vi.use_threads(args.threads or "auto"):
+        return run(args, start)
+
+
+def run(args: argparse.Namespace, start: float) -> list[dict]:
+    """Everything :func:`main` does, on torch's threads as :func:`main` set them."""
     s = rc.FAST if args.fast else rc.FULL
     s = dataclasses.replace(
         s, steps=args.steps or s.steps, non_ic_steps=args.non_ic_steps or s.non_ic_steps
     )
-    torch.set_num_threads(1)  # small models: more threads cost more than they give
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress

@@ -335,13 +335,14 @@ def test_model_is_unchanged_and_hookless_afterwards_even_after_errors(model, x, 
     ablate_heads(model, x, "all", "mean", population=pop)
     ablate(model, x, ("mlp_out", 0), "resample", population=pop)
     ablate_patterns(model, x, {(1, 1): "identity"})
-    head_ablation_sweep(model, x, targets, population=pop, progress=False)
+    head_ablation_sweep(model, x, targets, "mean", population=pop, progress=False)
 
     def failing(out, t):
         raise RuntimeError("metric failed")
 
     with pytest.raises(RuntimeError, match="metric failed"):
-        head_ablation_sweep(model, x, targets, population=pop, metric=failing, progress=False)
+        head_ablation_sweep(model, x, targets, "mean", population=pop, metric=failing,
+                            progress=False)  # fmt: skip
     bad_means = {"blocks.0.attn.hook_z": torch.zeros(N_POS, 2, 3)}  # d_head is 4
     with pytest.raises(ValueError, match=r"must have shape \[pos, 2, 4\]"):
         ablate_heads(model, x, (0, 0), "mean", population=bad_means)

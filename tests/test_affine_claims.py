@@ -171,7 +171,8 @@ def test_eval_ablation_and_patch_match_the_library_on_whole_passes(result):
     # zero ablation; the matched means differ from the length-14 ones, so the readings do
     longest = mse(sweep, heads=everything, kind="mean", population=means[14])
     assert v["ablate_joint_longest"] == pytest.approx(longest, rel=1e-10)
-    assert v["ablate_joint_zero"] == pytest.approx(mse(sweep, heads=everything), rel=1e-10)
+    zero = mse(sweep, heads=everything, kind="zero")
+    assert v["ablate_joint_zero"] == pytest.approx(zero, rel=1e-10)
     matched_sweep = mse(sweep, heads=everything, kind="mean")
     assert abs(matched_sweep - longest) > 1e-6 * matched_sweep
     for h in range(5):

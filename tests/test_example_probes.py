@@ -69,3 +69,29 @@ def test_howto_probes_snippets_run():
     # swapping the last input's embedding subspace is the counterfactual: found exactly
     assert ns["found"].fraction_explained > 0.99
     assert isinstance(ns["y"], torch.Tensor)
+
+
+def test_not_computed_cells_do_not_look_like_zero():
+    """probe_map.png drew NaN cells (not computed) transparent, i.e. white: the colour of
+    0 in the diverging maps. They are hatched grey now, unlike any value's colour."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=50)
+    values = torch.tensor([[math.nan, 0.0], [1.0, -1.0]], dtype=torch.float64)
+    _example().draw_map(ax, values, -1, 1, "RdBu_r")
+    ax.set_axis_off()
+    fig.subplots_adjust(0, 0, 1, 1)
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    plt.close(fig)
+    h, w = pixels.shape[:2]
+    nan_cell = pixels[: h // 2, : w // 2].reshape(-1, 3)
+    zero_cell = pixels[: h // 2, w // 2 :].reshape(-1, 3)
+    assert (zero_cell > 240).all()  # 0 is white in RdBu_r
+    assert (nan_cell < 240).all(1).mean() > 0.9  # grey and its hatching: never white
+    assert len({tuple(p) for p in nan_cell}) >= 2  # hatched: more than one colour

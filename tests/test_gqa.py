@@ -268,7 +268,7 @@ def test_direct_attribution_sums_to_the_output():
 def test_zero_ablating_a_head_removes_only_that_query_heads_output():
     model = random_model(gqa_cfg())
     x = random_input(model.cfg)
-    ablated = vi.ablate_heads(model, x, (0, 1))
+    ablated = vi.ablate_heads(model, x, (0, 1), kind="zero")
     _, cache = model.run_with_cache(x)
 
     def by_hand(result, hook):

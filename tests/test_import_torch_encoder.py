@@ -237,7 +237,7 @@ def test_head_ablation_equals_ablating_the_source(layer, head):
         ablated.layers[layer].self_attn.out_proj.weight[:, head * 4 : (head + 1) * 4] = 0
     expected = source_forward(ablated, read_in, read_out, x, causal=True, pos=pos)
     with torch.no_grad():
-        ours = vi.ablate_heads(model, x, (layer, head))
+        ours = vi.ablate_heads(model, x, (layer, head), kind="zero")
     assert rel_err(ours, expected) <= 1e-10
     y = source_forward(enc, read_in, read_out, x, causal=True, pos=pos)
     assert (expected - y).abs().max() > 1e-3

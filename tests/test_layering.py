@@ -8,7 +8,7 @@ own rank (those are independent of each other).
 rank  layer                        why there
 ====  ===========================  =========================================================
 0     hooks, factored_matrix,      import no other vecinterp module: hook points, the
-      loss                         low-rank matrix, the masked MSE
+      loss, threads                low-rank matrix, the masked MSE, the CPU thread count
 1     model                        config, components, the transformer (uses all of rank 0),
                                    weight processing, save/load
 2     cache                        ActivationCache: reads the model it is given
@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "vecinterp.hooks": 0,
     "vecinterp.factored_matrix": 0,
     "vecinterp.loss": 0,
+    "vecinterp.threads": 0,
     "vecinterp.model": 1,
     "vecinterp.cache": 2,
     "vecinterp.testing": 2,

@@ -199,7 +199,12 @@ def test_population_errors_name_the_population_in_ablate_and_mean_activations(mo
         mean_activations(model, pop, "blocks.0.hook_resid_pre")
     with pytest.raises(ValueError, match="population has 8 positions"):
         head_ablation_sweep(
-            model, x, targets_like(model, x), population=pop_with(model, n_pos=8), progress=False
+            model,
+            x,
+            targets_like(model, x),
+            "mean",
+            population=pop_with(model, n_pos=8),
+            progress=False,
         )
 
 
@@ -240,7 +245,7 @@ def test_patching_errors_name_clean_x_and_corrupted_x(model, x):
 )
 def test_head_selection_errors_say_which_argument(model, x, heads, match):
     with pytest.raises(ValueError, match=re.escape(match)):
-        ablate_heads(model, x, heads)
+        ablate_heads(model, x, heads, kind="zero")
 
 
 def test_pattern_and_component_layer_errors_say_which_argument(model, x):

@@ -97,7 +97,7 @@ def test_after_a_block_is_deleted_the_forward_and_an_ablation_refuse():
     with pytest.raises(ValueError, match=r"model\.blocks holds 1 blocks but cfg\.n_layers is 2"):
         model(x)
     with pytest.raises(ValueError, match=r"cfg\.n_layers is 2"):
-        vi.ablate_heads(model, x, [(0, 0)])
+        vi.ablate_heads(model, x, [(0, 0)], kind="zero")
 
 
 # -- item 1 and its kin: a hook point has one name -----------------------------------------
@@ -129,9 +129,9 @@ def test_a_module_shared_between_two_models_is_refused_by_both_until_copied():
         with pytest.raises(ValueError, match=r"'blocks\.1\.attn\.hook_q' of this .* also "):
             b.run_with_cache(x)
         with pytest.raises(ValueError, match="copy.deepcopy"):
-            vi.ablate_heads(a, x, [(0, 0)])
+            vi.ablate_heads(a, x, [(0, 0)], kind="zero")
         with pytest.raises(ValueError, match="copy.deepcopy"):
-            vi.ablate_heads(b, x, [(1, 0)])
+            vi.ablate_heads(b, x, [(1, 0)], kind="zero")
     a.blocks[0].attn = copy.deepcopy(b.blocks[1].attn)
     for model, layer in ((a, 0), (b, 1), (a, 0)):
         _, cache = model.run_with_cache(x)

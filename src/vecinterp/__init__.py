@@ -43,6 +43,7 @@ from .model.processing import (
     fold_value_biases,
     process_weights,
 )
+from .threads import choose_threads, use_threads
 from .training import (
     EnsembleResult,
     SlowTrainingWarning,
@@ -73,6 +74,8 @@ __all__ = [
     "lr_at",
     "train",
     "train_ensemble",
+    "choose_threads",
+    "use_threads",
     "FactoredMatrix",
     "HookHandle",
     "HookPoint",

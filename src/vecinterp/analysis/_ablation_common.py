@@ -2,6 +2,7 @@
 the replacement kinds, the argument checks for kinds, head and position indices, the
 type of a ``population=`` argument, and how large one batched pass may be."""
 
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,6 +20,25 @@ _HEAD_HOOKS = ("z", "result")
 Population = torch.Tensor | Mapping[str, torch.Tensor]
 """A population batch of inputs ``[n, pos, d_in]``, or the means
 :func:`~vecinterp.mean_activations` computed from one (hook name to ``[pos, ...]``)."""
+
+
+def default_kind(function: str, default: str) -> str:
+    """``default``, with a ``FutureWarning`` that ``function`` was called without ``kind``:
+    :func:`~vecinterp.ablate_heads` zero-ablates by default and
+    :func:`~vecinterp.head_ablation_sweep` mean-ablates, so a call that leaves ``kind``
+    out says which one it gets and asks for ``kind`` (to be required in a later
+    release)."""
+    other = {"ablate_heads": ("head_ablation_sweep", "mean")}.get(
+        function, ("ablate_heads", "zero")
+    )
+    warnings.warn(
+        f"{function} was called without kind, so it uses its default kind={default!r} "
+        f"({other[0]}'s default is {other[1]!r}); pass kind='zero', 'mean' or 'resample' "
+        "explicitly: kind will be required in a later release",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return default
 
 
 def _check_choice(value: object, allowed: tuple[str, ...], what: str) -> str:

@@ -2,6 +2,7 @@
 full names, the block a run can start or stop at for a hook point, and a capture of only
 the requested hook points at the requested positions."""
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +21,7 @@ _FEATURE_LEAVES = (
     "hook_attn_out",
     "hook_mlp_out",
     "hook_pre",
+    "hook_pre_linear",
     "hook_post",
     "hook_normalized",
 )
@@ -58,7 +60,8 @@ def resolve_points(model: HookedVectorTransformer, hook_names: object, name: str
                 raise ValueError(
                     f"{name}: {full!r} is not laid out [batch, pos, features]; use a residual "
                     "point (resid_pre, resid_mid, resid_post), attn_out, mlp_out, an MLP's "
-                    "pre/post, hook_embed, hook_pos_embed or ln_final.hook_normalized"
+                    "pre/post (and a gated MLP's pre_linear), hook_embed, hook_pos_embed or "
+                    "ln_final.hook_normalized"
                 )
             if full in names:
                 raise ValueError(f"{name}: {full!r} is requested twice")
@@ -108,10 +111,56 @@ def capture(
     return {name: torch.cat(parts[name]) for name in names}
 
 
-def random_twin(model: HookedVectorTransformer, seed: int) -> HookedVectorTransformer:
+_CONTROL_DOMAIN = b"vecinterp random-model control\n"
+_CONTROL_TRIES = 3
+
+
+def control_generator_seed(control_seed: int) -> int:
+    """The 64-bit seed of the random control's stream for ``control_seed``: the first 8
+    bytes of a SHA-256 of a fixed domain string and ``control_seed`` (so ``control_seed=0``
+    is not seed 0, the default ``seed=`` of every model)."""
+    text = _CONTROL_DOMAIN + str(control_seed % 2**64).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+def random_twin(
+    model: HookedVectorTransformer, control_seed: int
+) -> tuple[HookedVectorTransformer, int]:
     """The control of the probes and the alignment search: ``model``'s architecture (its
-    config) with freshly initialised weights (``init_weights(seed)``), on its device and
-    dtype."""
-    return HookedVectorTransformer(
-        model.cfg, seed=seed, device=model.W_E.device, dtype=model.W_E.dtype
+    config) with freshly initialised weights, on its device and dtype; returns it and the
+    control seed it was drawn with.
+
+    Independent of every model by construction: the weights are drawn by the model's own
+    ``init_weights`` from torch's CPU generator seeded with
+    :func:`control_generator_seed` ``(control_seed)`` *after one discarded draw*, a stream
+    that no model's ``seed=`` argument starts (a model's initialisation starts its stream
+    at the first draw), so ``control_seed=0`` is not the initial state of a model built
+    with ``seed=0``, as it was. Should a weight matrix still equal ``model``'s (a model
+    made to match), the control is drawn again with ``control_seed + 1`` (at most 3
+    tries, then ``ValueError``); the seed returned is the one used. The global RNG is
+    left as it was."""
+    for attempt in range(_CONTROL_TRIES):
+        seed = (control_seed + attempt) % 2**64
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(control_generator_seed(seed))
+            torch.randn(1, dtype=torch.float64)  # the discarded draw
+            twin = HookedVectorTransformer(
+                model.cfg, seed=None, device=model.W_E.device, dtype=model.W_E.dtype
+            )
+        if not _shares_a_matrix(twin, model):
+            return twin, seed
+    raise ValueError(
+        f"the random-model control drawn with control_seed {control_seed} .. {seed} shares a "
+        "weight matrix with the model every time: pass another control_seed"
+    )
+
+
+def _shares_a_matrix(a: HookedVectorTransformer, b: HookedVectorTransformer) -> bool:
+    mine = dict(b.named_parameters())
+    return any(
+        name.rsplit(".", 1)[-1].lstrip("_").startswith("W_")
+        and name in mine
+        and p.numel() > 0
+        and torch.equal(p.detach(), mine[name].detach())
+        for name, p in a.named_parameters()
     )

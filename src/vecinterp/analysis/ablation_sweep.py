@@ -14,6 +14,7 @@ from ..hooks import HookFn, HookPoint
 from ..loss import loss_positions, masked_mse
 from ..model import HookedVectorTransformer
 from ..model.validation import check_finite, check_input
+from ..threads import check_threads, use_threads
 from ._ablation_common import (
     _HEAD_HOOKS,
     _PASS_ELEMENTS,
@@ -22,6 +23,7 @@ from ._ablation_common import (
     Population,
     _check_choice,
     _widest,
+    default_kind,
 )
 from ._validate import check_heads, check_model
 from .ablation_hooks import _fit_replacement, _replacements
@@ -61,7 +63,7 @@ def head_ablation_sweep(
     model: HookedVectorTransformer,
     x: Float[torch.Tensor, "batch pos d_in"],
     targets: Float[torch.Tensor, "batch pos d_out"],
-    kind: str = "mean",
+    kind: str | None = None,
     population: Population | None = None,
     metric: Metric | None = None,
     loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
@@ -72,6 +74,7 @@ def head_ablation_sweep(
     resample_source: torch.Tensor | None = None,
     seed: int = 0,
     return_baseline: bool = False,
+    threads: int | str | None = None,
 ) -> (
     Float[torch.Tensor, "n_layers n_heads"]
     | tuple[Float[torch.Tensor, "n_layers n_heads"], Float[torch.Tensor, ""]]
@@ -100,7 +103,9 @@ def head_ablation_sweep(
         model: the model (not modified).
         x: inputs ``[batch, pos, d_in]``.
         targets: ``[batch, pos, d_out]``.
-        kind: ``"zero"``, ``"mean"`` (default) or ``"resample"``.
+        kind: ``"zero"``, ``"mean"`` or ``"resample"``. Left out: ``"mean"``, with a
+            ``FutureWarning`` (:func:`ablate_heads` defaults to ``"zero"``; ``kind`` will
+            be required in a later release).
         population: as in :func:`ablate_heads` (needed for ``"mean"``).
         metric: ``metric(output, targets) -> scalar`` with ``output`` one copy's outputs
             ``[batch, pos, d_out]`` and ``targets`` as given; it returns a one-element
@@ -117,6 +122,10 @@ def head_ablation_sweep(
         resample_source: as in :func:`ablate_heads`.
         seed: as in :func:`ablate_heads`.
         return_baseline: also return the metric of the unablated model.
+        threads: CPU threads for the call (``torch.set_num_threads``, torch's setting
+            restored when it returns): an int >= 1, ``"auto"`` (the idle cores, at most
+            torch's setting: :func:`~vecinterp.choose_threads`), or ``None`` (default:
+            torch's setting as it is).
 
     Returns:
         ``scores [n_layers, n_heads]`` in the model's dtype, or ``(scores, baseline)``
@@ -128,87 +137,99 @@ def head_ablation_sweep(
         >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
         ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=2, n_ctx=6), seed=0)
         >>> x, t, pop = torch.randn(4, 6, 3), torch.randn(4, 6, 3), torch.randn(50, 6, 3)
-        >>> scores, base = head_ablation_sweep(model, x, t, population=pop, progress=False,
-        ...                                    return_baseline=True)
+        >>> scores, base = head_ablation_sweep(model, x, t, "mean", population=pop,
+        ...                                    progress=False, return_baseline=True)
         >>> scores.shape, base.shape
         (torch.Size([2, 2]), torch.Size([]))
     """
-    model = check_model(model)
-    pairs = check_heads(model, heads)
-    kind = _check_choice(kind, KINDS, "kind")
-    hook = _check_choice(hook, _HEAD_HOOKS, "hook")
-    check_input(x, model.cfg, model.W_E)
-    batch, n_pos, _ = x.shape
-    d_out = model.W_U.shape[1]
-    if not isinstance(targets, torch.Tensor) or targets.shape != (batch, n_pos, d_out):
-        got = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise ValueError(f"targets must be [batch, pos, d_out]={(batch, n_pos, d_out)}, got {got}")
-    if metric is None:
-        # the positions the loss uses must have finite targets (as in direct_attribution;
-        # masked-out ones may hold NaN, as masked_mse allows)
-        used = loss_positions(loss_mask, (batch, n_pos), x.device)
-        check_finite("targets", targets, where=used)
-
-        def metric(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return masked_mse(output, target, loss_mask)
-
-    elif loss_mask is not None:
-        raise ValueError("loss_mask is used by the default metric only; apply it in your metric")
-    elif not callable(metric):
-        raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    if chunk_size is None:
-        chunk_size = _default_chunk_size(model, batch, n_pos, hook, x.device, len(pairs))
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in pairs:
-        by_layer.setdefault(layer, []).append(head)
-    names = {layer: f"blocks.{layer}.attn.hook_{hook}" for layer in by_layer}
-    cfg = model.cfg
-    scores = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=model.W_E.dtype)
-    with torch.no_grad():
-        values = _replacements(
-            model, x, kind, list(names.values()), population, resample_source, seed
+    check_threads("threads", threads)
+    with use_threads(threads):
+        model = check_model(model)
+        pairs = check_heads(model, heads)
+        kind = _check_choice(
+            default_kind("head_ablation_sweep", "mean") if kind is None else kind, KINDS, "kind"
         )
-        width = cfg.d_model if hook == "result" else cfg.d_head
-        act_shape = (batch, n_pos, cfg.n_heads, width)
-        repl = {
-            layer: _fit_replacement(kind, values[name], act_shape, x, name)
-            for layer, name in names.items()
-        }
-        chunks = _pack_heads(by_layer, chunk_size)
-        starts = sorted({chunk[0][0] for chunk in chunks})
-        resid_names = {layer: f"blocks.{layer}.hook_resid_pre" for layer in starts}
-        clean, cache = model.run_with_cache(x, names_filter=list(resid_names.values()))
-        baseline = _scalar(metric(clean, targets))
-        if not math.isfinite(baseline):
-            raise ValueError(
-                f"the metric of the unablated model is {baseline}, so every score would be "
-                "meaningless; check that targets (and what your metric reads) are finite and "
-                "that the model's weights are"
+        hook = _check_choice(hook, _HEAD_HOOKS, "hook")
+        check_input(x, model.cfg, model.W_E)
+        batch, n_pos, _ = x.shape
+        d_out = model.W_U.shape[1]
+        if not isinstance(targets, torch.Tensor) or targets.shape != (batch, n_pos, d_out):
+            got = (
+                tuple(targets.shape)
+                if isinstance(targets, torch.Tensor)
+                else type(targets).__name__
             )
-        for chunk in tqdm(chunks, desc="head ablation sweep", disable=not progress):
-            k, start = len(chunk), chunk[0][0]
-            masks: dict[int, torch.Tensor] = {}
-            for c, (layer, head) in enumerate(chunk):
-                if layer not in masks:
-                    masks[layer] = torch.zeros(k, cfg.n_heads, dtype=torch.bool)
-                masks[layer][c, head] = True
-            fwd_hooks = [
-                (names[layer], _sweep_hook(mask.to(x.device), repl[layer]))
-                for layer, mask in masks.items()
-            ]
-            resid = cache[resid_names[start]].repeat(k, 1, 1)
-            with model.hooks(fwd_hooks=fwd_hooks):
-                out = model(resid, start_at_layer=start)
-            out = out.reshape(k, batch, n_pos, d_out)
-            for c, (layer, head) in enumerate(chunk):
-                scores[layer, head] = _scalar(metric(out[c], targets))
-    scores = scores.to(x.device)
-    if return_baseline:
-        return scores, torch.tensor(baseline, dtype=scores.dtype, device=x.device)
-    return scores
+            raise ValueError(
+                f"targets must be [batch, pos, d_out]={(batch, n_pos, d_out)}, got {got}"
+            )
+        if metric is None:
+            # the positions the loss uses must have finite targets (as in direct_attribution;
+            # masked-out ones may hold NaN, as masked_mse allows)
+            used = loss_positions(loss_mask, (batch, n_pos), x.device)
+            check_finite("targets", targets, where=used)
+
+            def metric(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+                return masked_mse(output, target, loss_mask)
+
+        elif loss_mask is not None:
+            raise ValueError(
+                "loss_mask is used by the default metric only; apply it in your metric"
+            )
+        elif not callable(metric):
+            raise TypeError(f"metric must be callable, got {type(metric).__name__}")
+        if chunk_size is None:
+            chunk_size = _default_chunk_size(model, batch, n_pos, hook, x.device, len(pairs))
+        elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in pairs:
+            by_layer.setdefault(layer, []).append(head)
+        names = {layer: f"blocks.{layer}.attn.hook_{hook}" for layer in by_layer}
+        cfg = model.cfg
+        scores = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=model.W_E.dtype)
+        with torch.no_grad():
+            values = _replacements(
+                model, x, kind, list(names.values()), population, resample_source, seed
+            )
+            width = cfg.d_model if hook == "result" else cfg.d_head
+            act_shape = (batch, n_pos, cfg.n_heads, width)
+            repl = {
+                layer: _fit_replacement(kind, values[name], act_shape, x, name)
+                for layer, name in names.items()
+            }
+            chunks = _pack_heads(by_layer, chunk_size)
+            starts = sorted({chunk[0][0] for chunk in chunks})
+            resid_names = {layer: f"blocks.{layer}.hook_resid_pre" for layer in starts}
+            clean, cache = model.run_with_cache(x, names_filter=list(resid_names.values()))
+            baseline = _scalar(metric(clean, targets))
+            if not math.isfinite(baseline):
+                raise ValueError(
+                    f"the metric of the unablated model is {baseline}, so every score would be "
+                    "meaningless; check that targets (and what your metric reads) are finite and "
+                    "that the model's weights are"
+                )
+            for chunk in tqdm(chunks, desc="head ablation sweep", disable=not progress):
+                k, start = len(chunk), chunk[0][0]
+                masks: dict[int, torch.Tensor] = {}
+                for c, (layer, head) in enumerate(chunk):
+                    if layer not in masks:
+                        masks[layer] = torch.zeros(k, cfg.n_heads, dtype=torch.bool)
+                    masks[layer][c, head] = True
+                fwd_hooks = [
+                    (names[layer], _sweep_hook(mask.to(x.device), repl[layer]))
+                    for layer, mask in masks.items()
+                ]
+                resid = cache[resid_names[start]].repeat(k, 1, 1)
+                with model.hooks(fwd_hooks=fwd_hooks):
+                    out = model(resid, start_at_layer=start)
+                out = out.reshape(k, batch, n_pos, d_out)
+                for c, (layer, head) in enumerate(chunk):
+                    scores[layer, head] = _scalar(metric(out[c], targets))
+        scores = scores.to(x.device)
+        if return_baseline:
+            return scores, torch.tensor(baseline, dtype=scores.dtype, device=x.device)
+        return scores
 
 
 def _pack_heads(by_layer: dict[int, list[int]], chunk_size: int) -> list[list[tuple[int, int]]]:

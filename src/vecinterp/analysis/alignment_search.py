@@ -30,6 +30,15 @@ from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input, check_seed
+from ..threads import check_threads, use_threads
+from ._alignment_args import (
+    Optimiser,
+    check_counterfactual,
+    check_mask,
+    check_optimiser,
+    check_position,
+    check_test_fraction,
+)
 from ._points import block_of, capture, random_twin, resolve_points
 
 __all__ = ["AlignmentResult", "alignment_search"]
@@ -55,6 +64,9 @@ class AlignmentResult:
             one per Adam step): the intervened run's squared error to the counterfactual
             over the base run's, i.e. ``1 - fraction explained`` on the pairs used.
         test_pairs: ``[n_test]``, the indices of the held-out pairs (the others trained).
+        control_seed: the control seed the random model was drawn with (``control_seed``,
+            or the next one if that model shared a weight matrix with ``model``; see
+            :func:`alignment_search`); ``None`` without the control.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -79,6 +91,7 @@ class AlignmentResult:
     control_basis: Float[torch.Tensor, "d k"] | None
     loss: Float[torch.Tensor, " evaluations"]
     test_pairs: torch.Tensor
+    control_seed: int | None = None
 
 
 def alignment_search(
@@ -100,6 +113,7 @@ def alignment_search(
     control_seed: int = 0,
     seed: int = 0,
     progress: bool = True,
+    threads: int | str | None = None,
 ) -> AlignmentResult:
     """Learn a ``k``-dimensional subspace whose interchange gives the counterfactual output.
 
@@ -139,10 +153,18 @@ def alignment_search(
         batch_size: with Adam, pairs per step (``None``: all training pairs).
         test_fraction: the share of pairs held out, in (0, 1).
         control: also run the same search (same split, same start) on the architecture
-            with random weights (``init_weights(control_seed)``).
-        control_seed: seed of the random model.
+            with random weights.
+        control_seed: seeds the random model, drawn by ``init_weights`` from a stream
+            that no model's ``seed=`` starts (SHA-256 of the seed, one draw discarded), so
+            the control never equals a model built with some ``seed=``, ``seed=0`` included;
+            if one of its weight matrices still equals ``model``'s, it is drawn again with
+            ``control_seed + 1`` (the seed used is ``AlignmentResult.control_seed``).
         seed: seed of the split, the starting ``A`` and the mini-batches.
         progress: show a progress bar over the evaluations.
+        threads: CPU threads for the call (``torch.set_num_threads``, torch's setting
+            restored when it returns): an int >= 1, ``"auto"`` (the idle cores, at most
+            torch's setting: :func:`~vecinterp.choose_threads`), or ``None`` (default:
+            torch's setting as it is).
 
     Returns:
         An :class:`AlignmentResult`.
@@ -167,65 +189,63 @@ def alignment_search(
         >>> found.basis.shape, found.fraction_explained > 0.99
         (torch.Size([8, 3]), True)
     """
-    if not isinstance(model, HookedVectorTransformer):
-        raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
-    base_x = check_input(base_x, model.cfg, model.W_E, name="base_x")
-    source_x = check_input(source_x, model.cfg, model.W_E, name="source_x")
-    if source_x.shape != base_x.shape:
-        raise ValueError(
-            f"base_x and source_x must have the same shape, got {tuple(base_x.shape)} and "
-            f"{tuple(source_x.shape)}"
+    check_threads("threads", threads)
+    with use_threads(threads):
+        if not isinstance(model, HookedVectorTransformer):
+            raise TypeError(
+                f"model: expected a HookedVectorTransformer, got {type(model).__name__}"
+            )
+        base_x = check_input(base_x, model.cfg, model.W_E, name="base_x")
+        source_x = check_input(source_x, model.cfg, model.W_E, name="source_x")
+        if source_x.shape != base_x.shape:
+            raise ValueError(
+                f"base_x and source_x must have the same shape, got {tuple(base_x.shape)} and "
+                f"{tuple(source_x.shape)}"
+            )
+        names = resolve_points(model, hook_name, "hook_name")
+        if len(names) != 1:
+            raise ValueError(
+                f"hook_name must name one hook point (a full name such as "
+                f"'blocks.1.hook_resid_mid'), got {hook_name!r}, which names {len(names)}"
+            )
+        name = names[0]
+        batch, n_pos = base_x.shape[0], base_x.shape[1]
+        mask = check_mask(output_mask, batch, n_pos, base_x.device)
+        cf = check_counterfactual(counterfactual, batch, n_pos, model, mask)
+        pos = check_position(position, n_pos)
+        how = check_optimiser(optimizer, steps, lr, batch_size)
+        check_test_fraction(test_fraction, batch)
+        check_seed("seed", seed)
+        check_seed("control_seed", control_seed)
+        if not isinstance(control, bool):
+            raise TypeError(f"control must be a bool, got {control!r}")
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.randperm(batch, generator=gen)
+        n_test = max(1, round(test_fraction * batch))
+        test, train = order[:n_test].sort().values, order[n_test:].sort().values
+        run = _Search(model, base_x, source_x, cf, mask, name, pos)
+        d = run.source.shape[-1]
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+            raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
+        basis, loss = run.fit(k, train, how, seed, progress)
+        control_basis, control_fraction, used_seed = None, math.nan, None
+        if control:
+            random_model, used_seed = random_twin(model, control_seed)
+            twin = _Search(random_model, base_x, source_x, cf, mask, name, pos)
+            control_basis, _ = twin.fit(k, train, how, seed, progress)
+            control_fraction = twin.fraction(control_basis, test)
+        return AlignmentResult(
+            hook_name=name,
+            position=pos,
+            basis=basis,
+            fraction_explained=run.fraction(basis, test),
+            train_fraction_explained=run.fraction(basis, train),
+            control_fraction_explained=control_fraction,
+            control_basis=control_basis,
+            loss=loss,
+            test_pairs=test,
+            control_seed=used_seed,
         )
-    names = resolve_points(model, hook_name, "hook_name")
-    if len(names) != 1:
-        raise ValueError(
-            f"hook_name must name one hook point (a full name such as "
-            f"'blocks.1.hook_resid_mid'), got {hook_name!r}, which names {len(names)}"
-        )
-    name = names[0]
-    batch, n_pos = base_x.shape[0], base_x.shape[1]
-    mask = _check_mask(output_mask, batch, n_pos, base_x.device)
-    cf = _check_counterfactual(counterfactual, batch, n_pos, model, mask)
-    pos = _check_position(position, n_pos)
-    how = _check_optimiser(optimizer, steps, lr, batch_size)
-    _check_test_fraction(test_fraction, batch)
-    check_seed("seed", seed)
-    check_seed("control_seed", control_seed)
-    if not isinstance(control, bool):
-        raise TypeError(f"control must be a bool, got {control!r}")
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(batch, generator=gen)
-    n_test = max(1, round(test_fraction * batch))
-    test, train = order[:n_test].sort().values, order[n_test:].sort().values
-    run = _Search(model, base_x, source_x, cf, mask, name, pos)
-    d = run.source.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
-        raise ValueError(f"k must be an int in [1, {d}] (the hook point's width), got {k!r}")
-    basis, loss = run.fit(k, train, how, seed, progress)
-    control_basis, control_fraction = None, math.nan
-    if control:
-        twin = _Search(random_twin(model, control_seed), base_x, source_x, cf, mask, name, pos)
-        control_basis, _ = twin.fit(k, train, how, seed, progress)
-        control_fraction = twin.fraction(control_basis, test)
-    return AlignmentResult(
-        hook_name=name,
-        position=pos,
-        basis=basis,
-        fraction_explained=run.fraction(basis, test),
-        train_fraction_explained=run.fraction(basis, train),
-        control_fraction_explained=control_fraction,
-        control_basis=control_basis,
-        loss=loss,
-        test_pairs=test,
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Optimiser:
-    optimizer: str
-    steps: int
-    lr: float
-    batch_size: int | None
 
 
 class _Search:
@@ -292,7 +312,7 @@ class _Search:
         return torch.where(self.mask[rows], err, 0.0).sum()
 
     def fit(
-        self, k: int, train: torch.Tensor, how: "_Optimiser", seed: int, progress: bool
+        self, k: int, train: torch.Tensor, how: "Optimiser", seed: int, progress: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The basis ``[d, k]`` found, and the loss at each evaluation."""
         span = self.span(train, k)
@@ -357,79 +377,3 @@ class _Search:
             sse = self.sse(self.output(basis, rows), rows)
             base = self.sse(self.base_out[rows], rows)
         return float(1 - sse / base) if float(base) > 0 else math.nan
-
-
-def _check_mask(mask: object, batch: int, n_pos: int, device: torch.device) -> torch.Tensor:
-    if mask is None:
-        return torch.ones(batch, n_pos, dtype=torch.bool, device=device)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError(
-            f"output_mask must be a bool tensor [batch, pos] or [pos], got {mask!r:.60}"
-        )
-    if tuple(mask.shape) not in ((batch, n_pos), (n_pos,)):
-        raise ValueError(
-            f"output_mask must be [batch={batch}, pos={n_pos}] or [pos={n_pos}], got "
-            f"{tuple(mask.shape)}"
-        )
-    if not mask.any():
-        raise ValueError("output_mask selects no output")
-    return mask.to(device).expand(batch, n_pos)
-
-
-def _check_counterfactual(
-    cf: object, batch: int, n_pos: int, model: HookedVectorTransformer, mask: torch.Tensor
-) -> torch.Tensor:
-    shape = (batch, n_pos, model.cfg.d_out)
-    if not isinstance(cf, torch.Tensor) or not cf.is_floating_point():
-        raise TypeError(f"counterfactual must be a float tensor {shape}, got {cf!r:.60}")
-    if tuple(cf.shape) != shape:
-        raise ValueError(
-            f"counterfactual must be [batch, pos, d_out] = {shape}, got {tuple(cf.shape)}"
-        )
-    cf = cf.detach().to(device=model.W_E.device, dtype=model.W_E.dtype)
-    if not cf[mask].isfinite().all():
-        raise ValueError("counterfactual must be finite at the positions output_mask selects")
-    return cf.nan_to_num(0.0)
-
-
-def _check_position(position: object, n_pos: int) -> int | None:
-    if position is None:
-        return None
-    if (
-        isinstance(position, bool)
-        or not isinstance(position, int)
-        or not -n_pos <= position < n_pos
-    ):
-        raise ValueError(
-            f"position must be None or an int in [{-n_pos}, {n_pos - 1}], got {position!r}"
-        )
-    return position % n_pos
-
-
-def _check_optimiser(
-    optimizer: object, steps: object, lr: object, batch_size: object
-) -> _Optimiser:
-    if optimizer not in ("lbfgs", "adam"):
-        raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not isinstance(lr, float | int) or isinstance(lr, bool) or not 0 < lr < math.inf:
-        raise ValueError(f"lr must be a positive float, got {lr!r}")
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if batch_size is not None and optimizer == "lbfgs":
-        raise ValueError(
-            "batch_size is for optimizer='adam'; L-BFGS uses every training pair in each "
-            "evaluation (leave batch_size=None, or pass optimizer='adam')"
-        )
-    return _Optimiser(str(optimizer), steps, float(lr), batch_size)
-
-
-def _check_test_fraction(test_fraction: object, batch: int) -> None:
-    if not isinstance(test_fraction, float | int) or not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
-    n_test = max(1, round(test_fraction * batch))
-    if batch - n_test < 1:
-        raise ValueError(f"{batch} pairs with test_fraction={test_fraction} leave none to train on")

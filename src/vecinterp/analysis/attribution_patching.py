@@ -18,11 +18,11 @@ from jaxtyping import Float
 
 from ..hooks import HookPoint
 from ..model import HookedVectorTransformer
+from ._clean import clean_activations
 from ._validate import check_model
 from .patching import (
     Metric,
     _check_patching_args,
-    _clean_activations,
     _layout,
     _resolve_hook_names,
 )
@@ -148,7 +148,7 @@ def attribution_patching(
         )
     _refuse_backward_hooks(model)
     with torch.no_grad():
-        clean_acts = _clean_activations(model, clean_x, names, clean_cache)
+        clean_acts = clean_activations(model, clean_x, names, clean_cache)
     corrupted_acts, grads = _corrupted_run_and_gradients(model, corrupted_x, metric, names)
     values = []
     with torch.no_grad():

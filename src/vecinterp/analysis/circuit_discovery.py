@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from ..model import HookedVectorTransformer
 from ..model.tensor_files import refuse_non_finite
 from ..model.validation import check_input
+from ..threads import check_threads, use_threads
 from ._circuit_graph import CleanState, EdgeGraph, forward, run_clean
 from ._validate import check_model, refuse_grouped_query
 from .patching import Metric, _check_runs, _scalar
@@ -166,6 +167,7 @@ def discover_circuit(
     abs_value: bool = False,
     chunk_size: int | None = None,
     progress: bool = True,
+    threads: int | str | None = None,
 ) -> CircuitResult:
     """Find the edges the model needs on ``clean_x``: ACDC, greedy edge pruning.
 
@@ -229,6 +231,10 @@ def discover_circuit(
             *improves* the metric by more than ``tau`` is kept).
         chunk_size: trials per pass at most; ``None``: ``max(1, 256 // batch)``.
         progress: show a progress bar over the receivers.
+        threads: CPU threads for the call (``torch.set_num_threads``, torch's setting
+            restored when it returns): an int >= 1, ``"auto"`` (the idle cores, at most
+            torch's setting: :func:`~vecinterp.choose_threads`), or ``None`` (default:
+            torch's setting as it is).
 
     Returns:
         A :class:`CircuitResult`: the kept edges, their nodes, the metric of the circuit,
@@ -262,18 +268,20 @@ def discover_circuit(
         >>> bool(relative.threshold == 0.01 * gap), relative.relative_threshold
         (True, 0.01)
     """
-    return _run(
-        model,
-        clean_x,
-        corrupted_x,
-        {"threshold": threshold, "relative_threshold": relative_threshold},
-        single=True,
-        metric=metric,
-        population=population,
-        abs_value=abs_value,
-        chunk_size=chunk_size,
-        progress=progress,
-    )[0]
+    check_threads("threads", threads)
+    with use_threads(threads):
+        return _run(
+            model,
+            clean_x,
+            corrupted_x,
+            {"threshold": threshold, "relative_threshold": relative_threshold},
+            single=True,
+            metric=metric,
+            population=population,
+            abs_value=abs_value,
+            chunk_size=chunk_size,
+            progress=progress,
+        )[0]
 
 
 def circuit_threshold_sweep(
@@ -288,11 +296,13 @@ def circuit_threshold_sweep(
     abs_value: bool = False,
     chunk_size: int | None = None,
     progress: bool = True,
+    threads: int | str | None = None,
 ) -> list[CircuitResult]:
     """:func:`discover_circuit` at each threshold, the clean and corrupted runs shared.
 
     Each threshold runs the whole search (greedy decisions depend on ``tau``); a larger
-    ``tau`` removes more and runs faster. The arguments are :func:`discover_circuit`'s, with
+    ``tau`` removes more and runs faster. The arguments are :func:`discover_circuit`'s
+    (``threads`` too), with
     ``thresholds`` (a non-empty sequence of numbers ``>= 0``) for ``threshold``, or
     ``relative_thresholds`` (fractions of the metric gap) for ``relative_threshold``.
 
@@ -309,18 +319,20 @@ def circuit_threshold_sweep(
         >>> [r.n_kept for r in results][-1]
         0
     """
-    return _run(
-        model,
-        clean_x,
-        corrupted_x,
-        {"thresholds": thresholds, "relative_thresholds": relative_thresholds},
-        single=False,
-        metric=metric,
-        population=population,
-        abs_value=abs_value,
-        chunk_size=chunk_size,
-        progress=progress,
-    )
+    check_threads("threads", threads)
+    with use_threads(threads):
+        return _run(
+            model,
+            clean_x,
+            corrupted_x,
+            {"thresholds": thresholds, "relative_thresholds": relative_thresholds},
+            single=False,
+            metric=metric,
+            population=population,
+            abs_value=abs_value,
+            chunk_size=chunk_size,
+            progress=progress,
+        )
 
 
 # -- arguments and the shared runs --------------------------------------------------------

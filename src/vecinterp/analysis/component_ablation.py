@@ -11,7 +11,7 @@ from jaxtyping import Float
 from ..cache import act_name
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input
-from ._ablation_common import _HEAD_HOOKS, KINDS, Population, _check_choice
+from ._ablation_common import _HEAD_HOOKS, KINDS, Population, _check_choice, default_kind
 from ._validate import check_heads, check_layer, check_model
 from .ablation_hooks import _ablation_hook, _replacements
 
@@ -22,7 +22,7 @@ def ablate_heads(
     model: HookedVectorTransformer,
     x: Float[torch.Tensor, "batch pos d_in"],
     heads: object,
-    kind: str = "zero",
+    kind: str | None = None,
     population: Population | None = None,
     hook: str = "z",
     resample_source: torch.Tensor | None = None,
@@ -41,6 +41,8 @@ def ablate_heads(
         x: inputs ``[batch, pos, d_in]``.
         heads: ``"all"``, ``(layer, head)``, a list of pairs, or ``{layer: [heads]}``.
         kind: ``"zero"``, ``"mean"`` or ``"resample"`` (see :mod:`vecinterp.analysis.ablation`).
+            Left out: ``"zero"``, with a ``FutureWarning`` (:func:`head_ablation_sweep`
+            defaults to ``"mean"``; ``kind`` will be required in a later release).
         population: for ``"mean"``: inputs ``[n, pos_pop ≥ pos, d_in]``, or the dict of
             :func:`mean_activations` (to compute the means once); for ``"resample"``
             without ``resample_source``: inputs to draw the ``batch`` sources from.
@@ -64,7 +66,8 @@ def ablate_heads(
     """
     model = check_model(model)
     pairs = check_heads(model, heads)
-    kind = _check_choice(kind, KINDS, "kind")
+    kind = _check_choice(default_kind("ablate_heads", "zero") if kind is None else kind, KINDS,
+                         "kind")  # fmt: skip
     hook = _check_choice(hook, _HEAD_HOOKS, "hook")
     check_input(x, model.cfg, model.W_E)
     by_layer: dict[int, list[int]] = {}

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from ..cache import act_name
 from ..hooks import HookFn, HookPoint
-from ..hooks.hook_point import idle
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input
+from ._clean import clean_activations
 from ._validate import check_model
 from .qk_patch import patch_qk_identity
 
@@ -166,7 +166,9 @@ def activation_patching(
     Raises:
         ValueError: inputs of different shapes or not valid for the model; an unknown
             hook name or ``by``; a ``clean_cache`` missing a swept hook point, of another
-            batch, or not made from ``clean_x``; a metric that does not return a scalar.
+            batch, or not made from ``clean_x``; clean activations holding NaN or inf (in
+            ``clean_cache`` or from the run on ``clean_x``: every cell would be NaN); a
+            metric that does not return a scalar.
         TypeError: a metric that is not callable, a ``clean_cache`` that is no mapping.
 
     Example:
@@ -197,7 +199,7 @@ def activation_patching(
     cells, cell_shape = _cells(layout, by, n_pos, n_heads)
     k_max = max(1, _AUTO_SEQUENCES // batch) if chunk_size is None else chunk_size
     with torch.no_grad():
-        clean_acts = _clean_activations(model, clean_x, names, clean_cache)
+        clean_acts = clean_activations(model, clean_x, names, clean_cache, finite=True)
         passes = [
             (name, cells[start : start + k_max])
             for name in names
@@ -293,68 +295,6 @@ def _cells(
     return cells, (n_heads, n_pos)
 
 
-def _clean_activations(
-    model: HookedVectorTransformer,
-    clean_x: torch.Tensor,
-    names: list[str],
-    clean_cache: Mapping[str, torch.Tensor] | None,
-) -> dict[str, torch.Tensor]:
-    if clean_cache is None:
-        _, cache = model.run_with_cache(clean_x, names_filter=names)
-        return {name: cache[name] for name in names}
-    if not isinstance(clean_cache, Mapping):
-        raise TypeError(
-            f"clean_cache must be an ActivationCache or a dict, got {type(clean_cache).__name__}"
-        )
-    acts = {}
-    for name in names:
-        if name not in clean_cache:
-            raise ValueError(
-                f"clean_cache has no activation for {name!r}; run "
-                f"model.run_with_cache(clean_x) without a names_filter that excludes it"
-            )
-        acts[name] = clean_cache[name]
-    _check_cache_input(model, clean_x, clean_cache)
-    return acts
-
-
-def _check_cache_input(
-    model: HookedVectorTransformer, clean_x: torch.Tensor, clean_cache: Mapping[str, torch.Tensor]
-) -> None:
-    """Refuse a ``clean_cache`` that was not made from ``clean_x``: its ``hook_embed`` (the
-    input's record in a cache, ``x W_E + b_E``) must be this model's embedding of ``clean_x``.
-
-    One small matmul, so every call can afford it. Not checked when the cache has no
-    ``hook_embed`` (a ``names_filter`` left it out, or a dict built by hand, e.g. to try
-    activations of one's own), when a hook edited it in that run (``edited_points``) or
-    something watches it now (its hooks are part of the model here), or when its shape
-    differs (the per-point shape check reports that). The tolerance, ``sqrt(eps)`` of the
-    dtype times the largest entry, admits any kernel's rounding (the same computation
-    gives the same bits on one device) and no other input: a batch that differs at one
-    position differs there by the size of an embedding."""
-    if "hook_embed" not in clean_cache:
-        return
-    edited: frozenset[str] = getattr(clean_cache, "edited_points", frozenset())
-    if "hook_embed" in edited or not idle(model.hook_dict["hook_embed"]):
-        return
-    cached = clean_cache["hook_embed"]
-    with torch.no_grad():
-        fresh = model.embed(clean_x)
-        if not isinstance(cached, torch.Tensor) or cached.shape != fresh.shape:
-            return
-        cached = cached.to(device=fresh.device, dtype=fresh.dtype)
-        scale = float(fresh.abs().max())
-        diff = float((cached - fresh).abs().max())
-    if not diff <= torch.finfo(fresh.dtype).eps ** 0.5 * scale:
-        raise ValueError(
-            f"clean_cache was not made from clean_x: its hook_embed differs from this "
-            f"model's embedding of clean_x by up to {diff:.3g} (the largest entry is "
-            f"{scale:.3g}); pass the cache of model.run_with_cache(clean_x), not of "
-            "corrupted_x or another batch, made with the model's current weights (or "
-            "clean_cache=None to compute it)"
-        )
-
-
 def _start_layer(name: str) -> int:
     """The block a pass patching hook point ``name`` can start at: its own block for
     ``blocks.L.*`` (0 for the embedding hooks, which come before every block)."""
@@ -430,10 +370,16 @@ def _check_patching_args(
 
 
 def _check_runs(
-    model: HookedVectorTransformer, clean_x: object, corrupted_x: object, metric: object
+    model: HookedVectorTransformer,
+    clean_x: object,
+    corrupted_x: object,
+    metric: object,
+    names: tuple[str, str] = ("clean_x", "corrupted_x"),
 ) -> None:
-    """Two inputs of one shape, each valid for ``model``, and a callable metric."""
-    check_input(clean_x, model.cfg, model.W_E, name="clean_x")
+    """Two inputs of one shape, each valid for ``model``, and a callable metric; errors
+    call the inputs ``names`` (the caller's own argument names)."""
+    first, second = names
+    check_input(clean_x, model.cfg, model.W_E, name=first)
     assert isinstance(clean_x, torch.Tensor)
     if not isinstance(corrupted_x, torch.Tensor) or corrupted_x.shape != clean_x.shape:
         got = (
@@ -442,9 +388,9 @@ def _check_runs(
             else type(corrupted_x).__name__
         )
         raise ValueError(
-            f"clean_x and corrupted_x must have the same shape [batch, pos, d_in]; "
-            f"clean_x is {tuple(clean_x.shape)}, corrupted_x is {got}"
+            f"{first} and {second} must have the same shape [batch, pos, d_in]; "
+            f"{first} is {tuple(clean_x.shape)}, {second} is {got}"
         )
-    check_input(corrupted_x, model.cfg, model.W_E, name="corrupted_x")
+    check_input(corrupted_x, model.cfg, model.W_E, name=second)
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")

@@ -19,12 +19,22 @@ from tqdm.auto import tqdm
 
 from ..model import HookedVectorTransformer
 from ..model.validation import check_input, check_seed
+from ..threads import check_threads, use_threads
 from ._points import capture, random_twin, resolve_points
+from ._probe_args import (
+    CONTROLS,
+    cells_of,
+    check_alphas,
+    check_controls,
+    check_positions,
+    check_split,
+    check_targets,
+    undefined_cells,
+)
 from ._ridge import RidgeCV, RidgeFit, make_split
 
 __all__ = ["ProbeResult", "fit_probes"]
 
-_CONTROLS = ("random_model", "shuffled")
 _DEFAULT_ALPHAS = tuple(10.0**e for e in range(-6, 5))
 _CELL_BUDGET = 2**25
 """Cells of one hook point are solved together while ``cells * folds * d**2`` stays under
@@ -63,6 +73,9 @@ class ProbeResult:
         bias: ``[point, pos, k]``.
         n_train: training sequences (cross-validated in ``n_folds`` folds).
         n_test: held-out sequences, which every R² is computed on.
+        control_seed: the control seed the random model was drawn with (``fit_probes``'s
+            ``control_seed``, or the next one if that model shared a weight matrix with
+            ``model``: see ``control_seed`` there); ``None`` without that control.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -93,6 +106,7 @@ class ProbeResult:
     bias: Float[torch.Tensor, "point pos k"]
     n_train: int
     n_test: int
+    control_seed: int | None = None
 
     @property
     def selectivity(self) -> Float[torch.Tensor, "point pos"]:
@@ -112,7 +126,7 @@ def fit_probes(
     hook_names: str | Sequence[str],
     *,
     positions: Sequence[int] | None = None,
-    controls: Sequence[str] = _CONTROLS,
+    controls: Sequence[str] = CONTROLS,
     control_seed: int = 0,
     alphas: Sequence[float] = _DEFAULT_ALPHAS,
     n_folds: int = 5,
@@ -122,6 +136,7 @@ def fit_probes(
     seed: int = 0,
     chunk_size: int = 64,
     progress: bool = True,
+    threads: int | str | None = None,
 ) -> dict[str, ProbeResult]:
     """Fit a linear probe for each target at every hook point × position; score held out.
 
@@ -138,7 +153,10 @@ def fit_probes(
     Targets (``batch = x.shape[0]``) are continuous:
 
     - ``[batch]`` or ``[batch, k]``: one value per sequence (e.g. the affine task's ``c``,
-      ``d``), probed at every position;
+      ``d``), probed at every position. ``[batch, pos]`` (``k`` equal to the number of
+      positions) is refused as ambiguous: write a scalar per position as ``[batch, pos,
+      1]`` (``t[..., None]``), or ``pos`` values per sequence as ``t[:, None,
+      :].expand(-1, pos, -1)``;
     - ``[batch, pos, k]``: one per position (``pos = x.shape[1]``), probed at the same
       position (e.g. ``a_{n-1}`` at position ``n``; a scalar per position is
       ``[batch, pos, 1]``). NaN at a position marks the target undefined there: that
@@ -161,7 +179,11 @@ def fit_probes(
         positions: the positions to probe (default: all of ``x``'s).
         controls: which controls to compute, a subset of ``("random_model",
             "shuffled")``; the fields of the others are NaN.
-        control_seed: seed of the random model's ``init_weights``.
+        control_seed: seeds the random model, drawn by ``init_weights`` from a stream
+            that no model's ``seed=`` starts (SHA-256 of the seed, one draw discarded), so
+            the control never equals a model built with some ``seed=``, ``seed=0`` included;
+            if one of its weight matrices still equals ``model``'s, it is drawn again with
+            ``control_seed + 1`` (the seed used is :attr:`ProbeResult.control_seed`).
         alphas: the relative ridge penalties cross-validation chooses from (positive).
         n_folds: folds of the cross-validation (at least 2).
         test_fraction: the share of sequences held out for scoring, in (0, 1).
@@ -170,6 +192,10 @@ def fit_probes(
         seed: seed of the split, the folds, the bootstrap and the shuffle.
         chunk_size: sequences per forward pass of the capture.
         progress: show progress bars.
+        threads: CPU threads for the call (``torch.set_num_threads``, torch's setting
+            restored when it returns): an int >= 1, ``"auto"`` (the idle cores, at most
+            torch's setting: :func:`~vecinterp.choose_threads`), or ``None`` (default:
+            torch's setting as it is).
 
     Returns:
         ``{target name: ProbeResult}``.
@@ -193,40 +219,65 @@ def fit_probes(
         >>> bool((probes["x0"].r2[0] > 0.99).all())    # the input itself, at layer 0
         True
     """
-    if not isinstance(model, HookedVectorTransformer):
-        raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
-    x = check_input(x, model.cfg, model.W_E, name="x")
-    batch, n_pos = x.shape[0], x.shape[1]
-    named = _check_targets(targets, batch, n_pos)
-    names = resolve_points(model, hook_names, "hook_names")
-    pos = _check_positions(positions, n_pos)
-    wanted = _check_controls(controls)
-    alpha_grid = _check_alphas(alphas)
-    _check_split(batch, n_folds, test_fraction, n_bootstrap, ci)
-    check_seed("seed", seed)
-    check_seed("control_seed", control_seed)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    split = make_split(batch, test_fraction, n_folds, n_bootstrap, seed)
-    shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(seed + 1))
-    # per target: [cells or 1, batch, k] in the layout of one hook point's cells (positions)
-    ys = {name: _cells_of(t, pos) for name, t in named.items()}
-    undefined = {name: _undefined(t, pos) for name, t in named.items()}
-    runs: dict[str, dict[str, list[RidgeFit]]] = {}
-    models = {"model": model}
-    if "random_model" in wanted:
-        models["random_model"] = random_twin(model, control_seed)
-    for label, net in models.items():
-        acts = capture(
-            net, x, names, pos, chunk_size=chunk_size, progress=progress, desc=f"capture {label}"
-        )
-        shuffled = label == "model" and "shuffled" in wanted
-        fits = _solve(
-            acts, names, ys, split, alpha_grid, ci, shuffle if shuffled else None, progress, label
-        )
-        for key, value in fits.items():
-            runs.setdefault(key, {})[label] = value
-    return {name: _result(name, names, pos, runs, undefined[name], split) for name in named}
+    check_threads("threads", threads)
+    with use_threads(threads):
+        if not isinstance(model, HookedVectorTransformer):
+            raise TypeError(
+                f"model: expected a HookedVectorTransformer, got {type(model).__name__}"
+            )
+        x = check_input(x, model.cfg, model.W_E, name="x")
+        batch, n_pos = x.shape[0], x.shape[1]
+        named = check_targets(targets, batch, n_pos)
+        names = resolve_points(model, hook_names, "hook_names")
+        pos = check_positions(positions, n_pos)
+        wanted = check_controls(controls)
+        alpha_grid = check_alphas(alphas)
+        check_split(batch, n_folds, test_fraction, n_bootstrap, ci)
+        check_seed("seed", seed)
+        check_seed("control_seed", control_seed)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        split = make_split(batch, test_fraction, n_folds, n_bootstrap, seed)
+        # seed + 1 wrapped into the generator's 64 bits (seed = 2**64 - 1 is accepted): the
+        # same stream as seed + 1 for every seed below that
+        shuffled_seed = (seed + 1) % 2**64
+        shuffle = torch.randperm(batch, generator=torch.Generator().manual_seed(shuffled_seed))
+        # per target: [cells or 1, batch, k] in the layout of one hook point's cells (positions)
+        ys = {name: cells_of(t, pos) for name, t in named.items()}
+        undefined = {name: undefined_cells(t, pos) for name, t in named.items()}
+        runs: dict[str, dict[str, list[RidgeFit]]] = {}
+        models = {"model": model}
+        used_seed = None
+        if "random_model" in wanted:
+            models["random_model"], used_seed = random_twin(model, control_seed)
+        for label, net in models.items():
+            acts = capture(
+                net,
+                x,
+                names,
+                pos,
+                chunk_size=chunk_size,
+                progress=progress,
+                desc=f"capture {label}",
+            )
+            shuffled = label == "model" and "shuffled" in wanted
+            fits = _solve(
+                acts,
+                names,
+                ys,
+                split,
+                alpha_grid,
+                ci,
+                shuffle if shuffled else None,
+                progress,
+                label,
+            )
+            for key, value in fits.items():
+                runs.setdefault(key, {})[label] = value
+        return {
+            name: _result(name, names, pos, runs, undefined[name], split, used_seed)
+            for name in named
+        }
 
 
 def _solve(
@@ -277,6 +328,7 @@ def _result(
     runs: dict[str, dict[str, list[RidgeFit]]],
     undefined: torch.Tensor,
     split: object,
+    control_seed: int | None,
 ) -> ProbeResult:
     def stack(fits: list[RidgeFit] | None, field: str) -> torch.Tensor:
         if fits is None:
@@ -303,107 +355,5 @@ def _result(
         bias=stack(main, "bias"),
         n_train=len(split.train),  # type: ignore[attr-defined]
         n_test=len(split.test),  # type: ignore[attr-defined]
+        control_seed=control_seed,
     )
-
-
-def _check_targets(targets: object, batch: int, n_pos: int) -> dict[str, torch.Tensor]:
-    if isinstance(targets, torch.Tensor):
-        targets = {"target": targets}
-    if not isinstance(targets, Mapping) or not targets:
-        raise TypeError(
-            f"targets must be a tensor or a non-empty dict {{name: tensor}}, got "
-            f"{type(targets).__name__}"
-        )
-    out = {}
-    for name, t in targets.items():
-        if not isinstance(name, str) or "/" in name:
-            raise ValueError(f"targets: each name must be a str without '/', got {name!r}")
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"targets[{name!r}] must be a float tensor, got {t!r:.60}")
-        t = t.detach().to("cpu", torch.float64)
-        if t.ndim == 1:
-            t = t[:, None]
-        ok = t.ndim in (2, 3) and t.shape[0] == batch and (t.ndim == 2 or t.shape[1] == n_pos)
-        if not ok or t.shape[-1] == 0:
-            raise ValueError(
-                f"targets[{name!r}] must be [batch={batch}] or [batch, k] (one value per "
-                f"sequence) or [batch, pos={n_pos}, k] (one per position), got "
-                f"{tuple(t.shape)}"
-            )
-        if t.ndim == 2 and not t.isfinite().all():
-            raise ValueError(f"targets[{name!r}] (one value per sequence) must be finite")
-        if t.ndim == 3 and t.isinf().any():
-            raise ValueError(f"targets[{name!r}] has an infinite value (NaN marks undefined)")
-        out[name] = t
-    return out
-
-
-def _cells_of(t: torch.Tensor, pos: list[int]) -> torch.Tensor:
-    """``[cells or 1, batch, k]``: one target per probed position, or one shared by all."""
-    if t.ndim == 2:
-        return t[None]
-    return t[:, pos].transpose(0, 1).nan_to_num(0.0)
-
-
-def _undefined(t: torch.Tensor, pos: list[int]) -> torch.Tensor:
-    if t.ndim == 2:
-        return torch.zeros(len(pos), dtype=torch.bool)
-    return t[:, pos].isnan().flatten(2).any(-1).any(0)
-
-
-def _check_positions(positions: object, n_pos: int) -> list[int]:
-    if positions is None:
-        return list(range(n_pos))
-    if not isinstance(positions, Sequence) or not positions:
-        raise TypeError(
-            f"positions must be a non-empty sequence of ints or None, got {positions!r}"
-        )
-    out = []
-    for p in positions:
-        if isinstance(p, bool) or not isinstance(p, int) or not -n_pos <= p < n_pos:
-            raise ValueError(
-                f"positions: each must be an int in [{-n_pos}, {n_pos - 1}] (x has {n_pos} "
-                f"positions), got {p!r}"
-            )
-        if p % n_pos in out:
-            raise ValueError(f"positions: position {p % n_pos} is given twice")
-        out.append(p % n_pos)
-    return out
-
-
-def _check_controls(controls: object) -> set[str]:
-    if isinstance(controls, str) or not isinstance(controls, Sequence):
-        raise TypeError(f"controls must be a sequence of names from {_CONTROLS}, got {controls!r}")
-    bad = [c for c in controls if c not in _CONTROLS]
-    if bad:
-        raise ValueError(f"controls must be names from {_CONTROLS}, got {bad!r}")
-    return set(controls)
-
-
-def _check_alphas(alphas: object) -> torch.Tensor:
-    if not isinstance(alphas, Sequence) or not alphas:
-        raise TypeError(f"alphas must be a non-empty sequence of positive floats, got {alphas!r}")
-    values = torch.tensor([float(a) for a in alphas], dtype=torch.float64)
-    if not (values.isfinite() & (values > 0)).all():
-        raise ValueError(f"alphas must be positive and finite, got {list(alphas)!r}")
-    return values
-
-
-def _check_split(
-    batch: int, n_folds: object, test_fraction: object, n_bootstrap: object, ci: object
-) -> None:
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2:
-        raise ValueError(f"n_folds must be an int >= 2, got {n_folds!r}")
-    if not isinstance(test_fraction, float | int) or not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
-    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 1:
-        raise ValueError(f"n_bootstrap must be a positive int, got {n_bootstrap!r}")
-    if not isinstance(ci, float) or not 0 < ci < 1:
-        raise ValueError(f"ci must be a float in (0, 1), got {ci!r}")
-    n_test = max(1, round(test_fraction * batch))
-    if n_test < 2 or batch - n_test < 2 * n_folds:
-        raise ValueError(
-            f"x has {batch} sequences: with test_fraction={test_fraction} that leaves "
-            f"{n_test} held out and {batch - n_test} to train in {n_folds} folds; need at "
-            f"least 2 held out and 2 per fold"
-        )

@@ -50,6 +50,11 @@ def orthonormal_basis(subspace: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(subspace, torch.Tensor) or not subspace.is_floating_point():
         raise TypeError(f"subspace must be a float tensor [d, k] or [d], got {subspace!r:.60}")
+    if subspace.ndim == 0:
+        raise ValueError(
+            f"subspace must be [..., d, k] (columns spanning it) or [d] (one direction), got "
+            f"a 0-d tensor {subspace.item()!r}: pass a direction such as torch.tensor([1.0, 0.0])"
+        )
     if subspace.ndim == 1:
         subspace = subspace[:, None]
     if not subspace.isfinite().all():
@@ -111,6 +116,7 @@ def subspace_patch_hook(
         isinstance(i, slice) or (isinstance(i, int) and not isinstance(i, bool)) for i in index
     ):
         raise TypeError(f"index must be a tuple of ints and slices, got {index!r}")
+    _check_index(index, tuple(source_activation.shape))
     where = (slice(None), *index)
 
     def hook(activation: torch.Tensor, hook: HookPoint | None) -> torch.Tensor:
@@ -128,6 +134,24 @@ def subspace_patch_hook(
         return patched
 
     return hook
+
+
+def _check_index(index: tuple[int | slice, ...], shape: tuple[int, ...]) -> None:
+    """``index`` addresses the axes between the batch and the features of an activation of
+    ``shape`` (``ValueError`` naming the entry and the axis otherwise)."""
+    between = shape[1:-1]
+    if len(index) > len(between):
+        raise ValueError(
+            f"index {index!r} has {len(index)} entries, but the source activation "
+            f"{shape} has {len(between)} axes between the batch and the features (the last "
+            "axis is the one the subspace lives in); e.g. (3,) for position 3"
+        )
+    for axis, (i, size) in enumerate(zip(index, between, strict=False), start=1):
+        if isinstance(i, int) and not -size <= i < size:
+            raise ValueError(
+                f"index {index!r} is out of range: entry {i} indexes axis {axis} of the source "
+                f"activation {shape}, which has {size} entries"
+            )
 
 
 def patch_subspace(
@@ -200,7 +224,7 @@ def patch_subspace(
     """
     if not isinstance(model, HookedVectorTransformer):
         raise TypeError(f"model: expected a HookedVectorTransformer, got {type(model).__name__}")
-    _check_runs(model, source_x, base_x, metric)
+    _check_runs(model, source_x, base_x, metric, names=("source_x", "base_x"))
     if by not in _BY:
         raise ValueError(f"by must be one of {_BY}, got {by!r}")
     if chunk_size is not None and (

@@ -15,9 +15,14 @@ taking its own; the ensemble checks the members' after taking its own:
 Each member's checkpoint is written, checksummed and read by
 :mod:`vecinterp.training.checkpoint`, exactly as :func:`vecinterp.train` writes its own
 (plus an ``"ensemble"`` entry in ``trainer.json``: the member's index and, once it has
-diverged, why). ``ensemble.json`` is rewritten (atomically) only once every member has
+diverged, why). A resume checks that index against the directory's: member directories
+swapped or copied by hand are refused, not loaded into the wrong models. ``ensemble.json`` is rewritten (atomically) only once every member has
 written a step, and old checkpoints are pruned only after that: a crash at any point
 leaves every member with the step it names, the one a resumed ensemble continues from.
+``ensemble.json`` is read as a regular file only (a FIFO or a link to a device is refused,
+naming it); missing while every member holds a checkpoint, it is refused rather than the
+run started again from step 0 (a crash before the first one leaves some member without a
+checkpoint: that run starts afresh).
 
 The layout does not depend on how many processes trained the ensemble: across ranks
 (:mod:`._ensemble_distributed`) each rank writes and prunes its own members' directories
@@ -29,13 +34,15 @@ on any number of ranks.
 import collections
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..model.atomic import atomic_write
+from ..model.atomic import atomic_write, read_regular
 from ..model.transformer import HookedVectorTransformer
+from ._record import read_record
 from .checkpoint import (
     TRAINER_FILE,
     list_checkpoints,
@@ -77,13 +84,25 @@ def has_checkpoints(checkpoint_dir: Path) -> bool:
 
 
 def newest_step(checkpoint_dir: Path, k: int) -> int | None:
-    """The step that every member has written (from ``ensemble.json``), or ``None``."""
+    """The step that every member has written (from ``ensemble.json``), or ``None`` when no
+    member holds a checkpoint yet.
+
+    ``ensemble.json`` is read as a regular file only (a FIFO would block the read, a link
+    to ``/dev/zero`` fill the memory): anything else is refused, naming it. With the file
+    missing while every member holds a checkpoint, the record of the step they all
+    completed is lost: refused rather than started again from step 0 over their
+    checkpoints (the message says how to resume or start afresh)."""
     file = checkpoint_dir / MARKER
-    if not file.exists():
+    if not os.path.lexists(file):
+        _refuse_lost_marker(checkpoint_dir, k)
         return None
     try:
-        record = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
+        text = read_regular(file, shown=f"the ensemble record {file}")  # ValueError: not regular
+    except OSError as err:
+        raise ValueError(f"{file} is not a readable ensemble record: {err}") from None
+    try:
+        record = json.loads(text)
+    except ValueError as err:
         raise ValueError(f"{file} is not a readable ensemble record: {err}") from None
     if not (
         isinstance(record, dict)
@@ -98,6 +117,36 @@ def newest_step(checkpoint_dir: Path, k: int) -> int | None:
             "checkpoint_dir"
         )
     return int(record["step"])
+
+
+def _refuse_lost_marker(checkpoint_dir: Path, k: int) -> None:
+    """``ValueError`` if ``ensemble.json`` is missing but every member holds a checkpoint
+    (a crash before the first ``ensemble.json`` leaves some members without one: then the
+    run starts afresh, as it always did)."""
+    steps = []
+    for i in range(k):
+        found = list_checkpoints(member_dir(checkpoint_dir, i))
+        if not found:
+            return
+        steps.append({int(p.name.split("_")[1]) for p in found})
+    common = set.intersection(*steps)
+    how = (
+        f"if it was lost, write it again to resume from step {max(common)}, the newest "
+        f"step every member holds ({json.dumps(_marker(max(common), k))}); "
+        if common
+        else ""
+    )
+    raise ValueError(
+        f"{checkpoint_dir / MARKER} is missing, but all {k} members' directories hold "
+        f"checkpoints (member_000: {[step_dir_name(s) for s in sorted(steps[0])]}): "
+        "resume=True will not start again from step 0 over them. The file names the step "
+        f"every member completed: {how}to start afresh, move the member_* directories "
+        "away or pass an empty checkpoint_dir"
+    )
+
+
+def _marker(step: int, members: int) -> dict[str, Any]:
+    return {"format": FORMAT, "members": members, "step": step}
 
 
 def fill_optimizer(state: AdamState, member: int, rate: float) -> None:
@@ -174,6 +223,7 @@ def write_members(
     device: torch.device,
     averages: list[HookedVectorTransformer] | None,
     elapsed: float,
+    threads: int | None = None,
 ) -> list[Path | None]:
     """Write the checkpoint of ``step`` of each member in ``nets`` (members ``first``,
     ``first + 1``, ... of an ensemble of ``members``; the lists are indexed like ``nets``)."""
@@ -189,6 +239,7 @@ def write_members(
             "data_fingerprint": fingerprint(parts[j]),
             "elapsed": elapsed,
             "device": str(device),
+            **({} if threads is None else {"threads": threads}),
             "ensemble": {
                 "member": first + j,
                 "members": members,
@@ -216,7 +267,7 @@ def write_members(
 
 def write_marker(checkpoint_dir: Path, step: int, members: int) -> None:
     """Name ``step`` in ``ensemble.json`` (atomically): every member has written it."""
-    text = json.dumps({"format": FORMAT, "members": members, "step": step}, indent=2)
+    text = json.dumps(_marker(step, members), indent=2)
     atomic_write(checkpoint_dir / MARKER, lambda tmp: tmp.write_text(text + "\n"))
 
 
@@ -263,20 +314,23 @@ def restore(
     histories: list[TrainHistory],
     diverged: list[TrainingDivergedError | None],
     checkpoints: list[Path | None],
-) -> tuple[int, float]:
+) -> tuple[int, float, dict[str, Any] | None]:
     """Load the checkpoint of ``step`` of each member in ``nets`` (members ``first``,
     ``first + 1``, ...; with vi.train's own checks) into the stacks (through the members'
     aliased models and optimizers), the data sources and the RNGs; fill ``histories``,
-    ``diverged`` and ``checkpoints`` (indexed like ``nets``). Returns ``(step,
-    elapsed)``."""
-    elapsed = 0.0
+    ``diverged`` and ``checkpoints`` (indexed like ``nets``). Returns ``(step, elapsed,
+    record)``, ``record`` the first member's ``trainer.json`` (``None`` for no member)."""
+    elapsed, first_record = 0.0, None
     for i, net in enumerate(nets):
         path = member_dir(checkpoint_dir, first + i) / step_dir_name(step)
-        if not (path / TRAINER_FILE).is_file():
+        # lexists: a trainer.json that is not a regular file (a FIFO, a link to /dev/zero)
+        # is refused by the read below, naming what it is, not called missing
+        if not os.path.lexists(path / TRAINER_FILE):
             raise ValueError(
                 f"{checkpoint_dir / MARKER} names step {step}, which every member has written, "
                 f"but member {first + i}'s checkpoint {path} is missing"
             )
+        _check_member(path, first + i)
         optimizer = state.optimizers[i]
         average = averages[i] if averages is not None else None
         _, histories[i], elapsed, record = _restore(
@@ -296,4 +350,23 @@ def restore(
             err.args = (d["message"],)
             diverged[i] = err
         checkpoints[i] = path
-    return step, elapsed
+        first_record = record if first_record is None else first_record
+    return step, elapsed, first_record
+
+
+def _check_member(path: Path, member: int) -> None:
+    """Refuse member ``member``'s checkpoint ``path`` if its ``trainer.json`` says it is
+    another member's, or no member's (before anything is loaded): directories swapped or
+    copied by hand. Each member's record names its index (:func:`write_members`)."""
+    entry = read_record(path).get("ensemble")
+    index = entry.get("member") if isinstance(entry, dict) else None
+    if index != member:
+        said = (
+            "no ensemble member's (no 'ensemble' entry)" if index is None else f"member {index}'s"
+        )
+        raise ValueError(
+            f"{path / TRAINER_FILE} is {said}, but it lies in member {member}'s directory "
+            f"{path.parent.name}: the member directories were moved, swapped or copied, and "
+            f"resuming would load that state into models[{member}]; put each member_NNN "
+            "directory back under its own index (its trainer.json's ensemble.member)"
+        )

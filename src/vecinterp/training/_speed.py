@@ -9,14 +9,16 @@ on 2 cores with one busy). :func:`threads` sets the count for one run;
 a :class:`SlowTrainingWarning`.
 """
 
-import contextlib
 import sys
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from ..threads import AUTO, choose_threads
 
 _clock: Callable[[], float] = time.perf_counter
 
@@ -44,20 +46,47 @@ class SlowTrainingWarning(UserWarning):
     """
 
 
-@contextlib.contextmanager
-def threads(count: int | None) -> Iterator[None]:
-    """Run the ``with`` block with ``torch.set_num_threads(count)`` and restore the previous
-    count after it (``None``: leave it as it is). The count is the process's, so other
-    threads of the process see it while the block runs."""
-    if count is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+class RunThreads:
+    """The CPU threads of one training run (``threads=`` of :func:`vecinterp.train` and
+    :func:`vecinterp.train_ensemble`): chosen once, before the first step, kept for the
+    whole run, recorded in its checkpoints; torch's setting is restored when the run ends.
+
+    ``threads``: an int (that count, from the start), ``"auto"`` (:meth:`settle` applies
+    the count a resumed checkpoint recorded, else :func:`~vecinterp.choose_threads`) or
+    ``None`` (torch's setting, left alone)."""
+
+    def __init__(self, threads: int | str | None):
+        self.threads = threads
+        self.before = torch.get_num_threads()
+        self.count = self.before
+
+    def __enter__(self) -> "RunThreads":
+        self.before = torch.get_num_threads()
+        if isinstance(self.threads, int):
+            torch.set_num_threads(self.threads)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(self.before)
+
+    def settle(self, record: dict[str, Any] | None, where: object = None) -> int:
+        """Fix the run's count before its first step and return it: with ``"auto"``, the
+        count in ``record`` (the checkpoint resumed from, named ``where`` in errors) if it
+        holds one, so that a resume on a differently loaded machine computes exactly as the
+        run it continues; else :func:`~vecinterp.choose_threads`."""
+        if self.threads == AUTO:
+            recorded = None if record is None else record.get("threads")
+            if recorded is not None and (
+                isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 1
+            ):
+                raise ValueError(
+                    f"{where}: field 'threads' must be an int >= 1 (the run's CPU threads), "
+                    f"got {recorded!r}"
+                )
+            torch.set_num_threads(recorded if recorded is not None else choose_threads())
+        self.count = torch.get_num_threads()
+        return self.count
 
 
 class StepPace:

@@ -20,7 +20,8 @@ removed by the next run).
 A training run owns its ``checkpoint_dir``: it holds an OS lock (``flock``) on the file
 ``.vecinterp-train.lock`` there from start to end (the kernel releases it when the process
 dies, however it dies), and a second run on the same directory is refused, as is a run in
-a ``member_*`` directory of a running ensemble (:func:`lock_holder`).
+a ``member_*`` directory of a running ensemble (:func:`lock_holder`), known by the
+directory itself (its resolved path), not by the name it was given.
 """
 
 import json
@@ -202,15 +203,19 @@ def own_directory(checkpoint_dir: Path) -> DirectoryOwner:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(details) + "\n").encode(), 0)
     owner = DirectoryOwner(checkpoint_dir, fd)
-    if _MEMBER_DIR.match(checkpoint_dir.name):  # after taking our lock: see lock_holder
-        ensemble = lock_holder(checkpoint_dir.parent)
+    # by the directory itself, not the name it was given: "." inside member_000, or a
+    # symbolic link to it, is the member's directory all the same
+    real = checkpoint_dir.resolve()
+    if _MEMBER_DIR.match(real.name):  # after taking our lock: see lock_holder
+        ensemble = lock_holder(real.parent)
         if ensemble is not None:
             owner.release()
+            shown = "" if real == checkpoint_dir else f" (that is, {real})"
             raise ValueError(
-                f"checkpoint_dir {checkpoint_dir} is a member's directory of the ensemble "
-                f"training in {checkpoint_dir.parent} ({ensemble}); a run here would remove the "
-                "checkpoint the ensemble is writing and prune the step it resumes from: wait "
-                "for the ensemble to end"
+                f"checkpoint_dir {checkpoint_dir}{shown} is a member's directory of the "
+                f"ensemble training in {real.parent} ({ensemble}); a run here would remove "
+                "the checkpoint the ensemble is writing and prune the step it resumes from: "
+                "wait for the ensemble to end"
             )
     return owner
 

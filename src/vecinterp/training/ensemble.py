@@ -26,8 +26,7 @@ from . import _ensemble_checkpoint as ck
 from ._ensemble_distributed import Crew
 from ._ensemble_setup import check_forward, check_models, member_data, per_member
 from ._pending import MemberSteps, all_diverged, member_error
-from ._speed import StepPace, warn_slow
-from ._speed import threads as use_threads
+from ._speed import RunThreads, StepPace, warn_slow
 from ._stacked import adamw_step, alias, losses_and_grads, stack_batches, stack_weights
 from .checkpoint import own_directory, remove_partial
 from .compiled import compiled_stacked_forward
@@ -128,7 +127,7 @@ def train_ensemble(
     callback: Callable[[int, list[dict[str, float]]], Any] | None = None,
     on_divergence: str = "freeze",
     sync_every: int = 50,
-    threads: int | None = None,
+    threads: int | str | None = "auto",
     compile: bool = False,
 ) -> EnsembleResult:
     """Train K models of one config at once, as one batched computation: K times
@@ -235,8 +234,12 @@ def train_ensemble(
     step that every member has written, the one ``resume=True`` continues from, ending
     bit-identical to an uninterrupted run on the same device. The ensemble holds
     ``checkpoint_dir``'s lock from start to end, as ``vi.train`` does; ``vi.train`` in
-    ``checkpoint_dir/member_003`` is refused while the ensemble runs, and the ensemble
-    while a run holds a member's directory.
+    ``checkpoint_dir/member_003`` is refused while the ensemble runs (however the directory
+    is named: ``"."`` from inside it, or a symbolic link), and the ensemble while a run
+    holds a member's directory. A resume refuses member directories whose
+    ``trainer.json`` names another member (swapped or copied by hand), an
+    ``ensemble.json`` that is not a regular file, and a missing ``ensemble.json`` while
+    every member holds checkpoints (the message says how to resume or start afresh).
 
     Returns:
         An :class:`EnsembleResult`: K :class:`~vecinterp.TrainResult` (ordinary models).
@@ -298,7 +301,7 @@ def train_ensemble(
         for i in range(k)
     ]  # fmt: skip
     # one process unless under torchrun: then each rank trains its share (_ensemble_distributed)
-    with use_threads(threads), join_ranks(device) as ranks:
+    with RunThreads(threads) as run_threads, join_ranks(device) as ranks:
         crew = Crew(ranks, k)
         ranks.agree(_agreed(configs, on_divergence=on_divergence, eval=run_eval is not None,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
@@ -339,6 +342,7 @@ def train_ensemble(
         diverged: list[TrainingDivergedError | None] = [None] * n
         checkpoints: list[Path | None] = [None] * n
         start, elapsed = 0, 0.0
+        resumed: dict[str, Any] | None = None  # member 0's record of the step resumed from
         ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         owner = None  # rank 0 holds the directory's lock from start to end
         try:
@@ -363,11 +367,13 @@ def train_ensemble(
                 newest = ranks.share(newest)  # every rank resumes from the step rank 0 read
                 if newest is not None:
                     with ranks.hold():
-                        start, elapsed = ck.restore(
+                        start, elapsed, resumed = ck.restore(
                             ckdir, newest, first, [configs[i] for i in own], nets, state,
                             sources, dev, averages, histories, diverged, checkpoints,
                         )  # fmt: skip
                     ranks.sync(f"the resume from step {newest}")
+            # the run's CPU threads, once: those the resumed run recorded, else the rule's
+            run_threads.settle(resumed, "the ensemble's checkpoint")
         except BaseException:
             if owner is not None:
                 owner.release()
@@ -526,7 +532,7 @@ def train_ensemble(
                     write = functools.partial(
                         ck.write_members, ckdir, done, first, k, nets, state, sources, parts,
                         rates, histories, [configs[i] for i in own], diverged, dev, averages,
-                        wall,
+                        wall, run_threads.count,
                     )  # fmt: skip
                     checkpoints = crew.save(ckdir, done, write, keep_last)
                 with ranks.hold():  # rank 0's errors here stop every rank at the next check

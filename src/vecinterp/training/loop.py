@@ -18,8 +18,7 @@ from ..model.config import VectorTransformerConfig, same_config
 from ..model.transformer import HookedVectorTransformer
 from ..model.validation import check_bool
 from ._pending import PendingSteps
-from ._speed import StepPace, warn_slow
-from ._speed import threads as use_threads
+from ._speed import RunThreads, StepPace, warn_slow
 from .checkpoint import (
     latest_checkpoint,
     own_directory,
@@ -68,7 +67,7 @@ def train(
     log_every: int = 50,
     callback: Callable[[int, dict[str, float]], Any] | None = None,
     sync_every: int = 50,
-    threads: int | None = None,
+    threads: int | str | None = "auto",
     compile: bool = False,
 ) -> TrainResult:
     r"""Train ``model`` on ``data`` with the masked MSE and AdamW; checkpoint and resume.
@@ -139,9 +138,18 @@ def train(
 
     Threads: on a CPU whose cores other processes keep busy, torch's default of one thread
     per core can make every step many times slower (a small model trained ~15x slower than
-    with one thread, on 2 cores with one busy): pass ``threads=1`` (or the number of idle
-    cores). When the steps become more than 10x slower than the first steps, for 50 steps
-    or more and 10 s or more, a :class:`~vecinterp.SlowTrainingWarning` says so (once).
+    with one thread, on 2 cores with one busy). So by default (``threads="auto"``) the run
+    chooses its count once, before its first step, by :func:`~vecinterp.choose_threads`
+    (the idle cores, at least 1, at most torch's current setting), records it in every
+    checkpoint (``trainer.json``'s ``"threads"``) and, resumed, uses the recorded count
+    again, so that a resume on a differently loaded machine (or in a process with another
+    ``torch.set_num_threads``) computes exactly as the run it continues; a checkpoint
+    written before the count was recorded resumes with the rule's count. torch's setting
+    is restored when the run returns or fails. ``threads=N`` uses N threads (resumed too:
+    a count other than the recorded one may round differently); ``threads=None`` leaves
+    torch's setting alone. When the steps become more than 10x slower than the first
+    steps, for 50 steps or more and 10 s or more, a :class:`~vecinterp.SlowTrainingWarning`
+    says so (once).
 
     Data-parallel: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
     initialised) every rank runs this same call. Each draws the global batch and trains on
@@ -199,9 +207,10 @@ def train(
             losses equal eager training's to rounding, not to the bit. Clipping and
             AdamW stay eager (already fused kernels). Not under ``torchrun`` (refused).
             See :doc:`/howto_compile`.
-        threads: the number of CPU threads torch uses for the run
-            (``torch.set_num_threads``, the previous count restored when the run ends);
-            ``None``: torch's current setting (by default one per core). See "Threads".
+        threads: the CPU threads torch uses for the run (``torch.set_num_threads``, the
+            previous count restored when the run ends): ``"auto"`` (default) the idle
+            cores, or the count recorded by the checkpoint resumed from; an int >= 1 that
+            count; ``None`` torch's setting as it is. See "Threads".
 
     Returns:
         A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
@@ -243,7 +252,7 @@ def train(
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
     # one process unless under torchrun (see distributed)
-    with use_threads(threads), join_ranks(device) as ranks:
+    with RunThreads(threads) as run_threads, join_ranks(device) as ranks:
         dev = ranks.device
         dtype = next(model.parameters()).dtype
         config = {
@@ -272,6 +281,7 @@ def train(
             average.load_state_dict(net.state_dict())
             average.eval()
         history, start, elapsed, checkpoint = TrainHistory(), 0, 0.0, None
+        resumed: dict[str, Any] | None = None  # the record of the checkpoint resumed from
         ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the run owns its checkpoint directory (an OS lock, taken by rank 0) until it returns
         # or dies: a second run on it is refused before it touches any file there
@@ -294,10 +304,12 @@ def train(
                 checkpoint = ranks.share(checkpoint)  # every rank resumes from rank 0's pick
                 if checkpoint is not None:
                     with ranks.hold():
-                        start, history, elapsed, _ = _restore(
+                        start, history, elapsed, resumed = _restore(
                             checkpoint, config, net, optimizer, source, dev, average, ranks.rank
                         )
                     ranks.sync(f"the resume from {checkpoint}")
+            # the run's CPU threads, once: those the resumed run recorded, else the rule's
+            run_threads.settle(resumed, checkpoint)
         except BaseException:
             if owner is not None:
                 owner.release()
@@ -319,6 +331,7 @@ def train(
                 "elapsed": history.wall_time[-1],
                 "device": str(dev),
                 "world_size": ranks.world_size,
+                "threads": run_threads.count,
             }
             path = write_checkpoint(
                 ckdir, done, net, optimizer, rng, history.to_tensors(), record, average=average

@@ -14,6 +14,7 @@ from ..hooks import HookPoint
 from ..model.tensor_files import refuse_non_finite
 from ..model.transformer import HookedVectorTransformer
 from ..model.validation import check_device
+from ..threads import check_threads as check_threads_value
 from .data import MakeBatchSource, StreamSource, as_batch_list, evaluate_batches, is_batch
 from .schedule import check_int, check_positive
 
@@ -234,6 +235,5 @@ def check_trainable(models: dict[str, HookedVectorTransformer]) -> None:
 
 
 def check_threads(threads: object) -> None:
-    """``ValueError`` unless ``threads`` is ``None`` or an int >= 1."""
-    if threads is not None:
-        check_int("threads", threads, minimum=1)
+    """``ValueError`` unless ``threads`` is ``None``, ``"auto"`` or an int >= 1."""
+    check_threads_value("threads", threads)

@@ -397,6 +397,7 @@ def _ablation(
             net,
             r.batch.inputs[rows],
             r.batch.targets[rows],
+            kind="mean",
             population={name: means[r.batch.length]},
             loss_mask=r.batch.loss_mask[rows],
             heads={1: range(net.cfg.n_heads)},

@@ -114,6 +114,17 @@ def error_curves(
         >>> float(curves["model"].mean[-1]) < 0.05
         True
     """
+    from ...model.transformer import HookedVectorTransformer
+
+    if model is not None and not isinstance(model, HookedVectorTransformer):
+        hint = (
+            ": pass one model (error_curves(models[0], batch)), one call per model"
+            if isinstance(model, (list, tuple))
+            else ""
+        )
+        raise TypeError(
+            f"model must be a HookedVectorTransformer or None, got {type(model).__name__}{hint}"
+        )
     curves: dict[str, ErrorCurve] = {}
     if model is not None:
         curves["model"] = error_curve(x_predictions(model, batch), batch)
