@@ -23,7 +23,6 @@ about the paper. ``--acdc`` adds circuit discovery (``affine_claims.discover_aff
 import argparse
 import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 
@@ -44,8 +43,9 @@ def missing_checkpoint_message(path: Path) -> str:
     )
 
 
-def load_model(spec: str) -> tuple[vi.HookedVectorTransformer, dict | None, str]:
-    """A reference name or a ``vi.save`` folder -> ``(model, training history, source)``."""
+def load_model(spec: str) -> tuple[vi.HookedVectorTransformer, dict | None, str, str]:
+    """A reference name or a ``vi.save`` folder -> ``(model, training history, source,
+    normalise)``; ``normalise``, how its training data were normalised, from its metadata."""
     if spec in ar.REFERENCE_MODELS:
         path, source = ar.reference_path(spec), f"reference model {spec!r}"
         model = ar.load_reference(spec, device="cpu")
@@ -54,11 +54,13 @@ def load_model(spec: str) -> tuple[vi.HookedVectorTransformer, dict | None, str]
         if not (path / "config.json").is_file():
             raise SystemExit(missing_checkpoint_message(path))
         model = vi.load(path, device="cpu")
+    meta = json.loads((path / "config.json").read_text()).get("metadata", {})
     history = path / "history.json"
-    return model, json.loads(history.read_text()) if history.is_file() else None, source
+    history_data = json.loads(history.read_text()) if history.is_file() else None
+    return model, history_data, source, meta.get("normalise", "inputs")
 
 
-def train_model(args: argparse.Namespace) -> tuple[vi.HookedVectorTransformer, dict, str]:
+def train_model(args: argparse.Namespace) -> tuple[vi.HookedVectorTransformer, dict, str, str]:
     """Train a model here (``--train``/``--fast``) with a cosine schedule."""
     model = vi.HookedVectorTransformer(
         vi.VectorTransformerConfig(
@@ -94,21 +96,8 @@ def train_model(args: argparse.Namespace) -> tuple[vi.HookedVectorTransformer, d
         result.model.cpu(),
         history,
         f"trained here: {steps} steps, batch {batch_size}, lr {lr:g}",
+        "inputs",
     )
-
-
-def idle_cores(window: float = 0.2) -> int:
-    """Cores idle over ``window`` seconds (>= 1; Linux's /proc/stat, else 1): on a busy
-    2-core machine 2 torch threads spin-wait (106 s vs 16 s with 1; idle, 10 s with 2)."""
-    stat = Path("/proc/stat")  # its first line: all cores' ticks, user .. steal
-    try:
-        before = [int(v) for v in stat.read_text().split()[1:9]]
-        time.sleep(window)
-        ticks = [int(v) - b for v, b in zip(stat.read_text().split()[1:9], before, strict=True)]
-    except (OSError, ValueError):
-        return 1
-    idle = (ticks[3] + ticks[4]) / max(1, sum(ticks))  # idle + iowait
-    return max(1, round(idle * (os.cpu_count() or 1)))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -143,7 +132,7 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
     if not args.no_figures and importlib.util.find_spec("matplotlib") is None:
         print("matplotlib is not installed (pip install 'vecinterp[plot]'): no figures")
         args.no_figures = True
-    threads = args.threads or idle_cores()
+    threads = args.threads or vi.choose_threads()  # the idle cores: see getting started
     torch.set_num_threads(threads)
     loaded = [train_model(args)] if args.train else [load_model(s) for s in args.checkpoint]
     names = ["trained"] if args.train else [Path(s).name for s in args.checkpoint]
@@ -154,11 +143,10 @@ def main(argv: list[str] | None = None) -> list[ac.ClaimsResult]:
         print(f"  {label:<55} {seconds:6.1f} s   (elapsed {elapsed:.1f} s)", flush=True)
 
     results = []
-    for name, (model, _, source) in zip(names, loaded, strict=True):
-        print(f"{name} ({source}):", flush=True)
-        results.append(
-            ac.measure_claims(model, progress=report, **(ac.FAST_SIZES if args.fast else {}))
-        )
+    for name, (model, _, source, normalise) in zip(names, loaded, strict=True):
+        print(f"{name} ({source}):", flush=True)  # judged on data normalised its own way
+        sizes = ac.FAST_SIZES if args.fast else {}
+        results.append(ac.measure_claims(model, progress=report, normalise=normalise, **sizes))
     if args.acdc:  # which residual-stream edges the first model needs (ACDC)
         t0 = time.perf_counter()
         circuit = ac.discover_affine_circuit(loaded[0][0], progress=not args.no_progress)

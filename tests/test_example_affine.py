@@ -125,6 +125,7 @@ def test_several_checkpoints_give_one_column_each(tmp_path):
     assert "| # | claim | paper | tiny_0 | tiny_1 |" in report
     assert "| # | claim | paper | tiny_0 | tiny_1 |" in printed
     assert (out / "values_tiny_0.json").is_file() and (out / "values_tiny_1.json").is_file()
+    assert results[0].values["normalise"] == "inputs"
     assert not list(out.glob("*.png"))
 
 
@@ -144,10 +145,18 @@ def test_missing_checkpoint_says_how_to_get_one(tmp_path):
 
 def test_reference_names_resolve_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    model, history, source = _example().load_model("fast")
+    model, history, source, normalise = _example().load_model("fast")
     assert model.cfg == vi.VectorTransformerConfig(**ar.MODEL_CONFIG_KWARGS)
     assert history is not None and len(history["train_loss"]) == len(history["steps"]) > 1000
-    assert "fast" in source
+    assert "fast" in source and normalise == "inputs"
+
+
+def test_a_checkpoint_is_judged_on_data_normalised_as_its_metadata_says(tmp_path):
+    model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(**ac.FAST_MODEL_CONFIG), seed=3)
+    vi.save(model, tmp_path / "all", metadata={"normalise": "all"})
+    vi.save(model, tmp_path / "plain")
+    assert _example().load_model(str(tmp_path / "all"))[3] == "all"
+    assert _example().load_model(str(tmp_path / "plain"))[3] == "inputs"
 
 
 # --------------------------------------------------- the shipped model, as the docs show it
