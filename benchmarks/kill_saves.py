@@ -282,8 +282,9 @@ def train_ensemble(checkpoint_dir: Path, resume: bool, callback=None) -> vi.Ense
     models = [vi.HookedVectorTransformer(TRAIN_CFG, seed=s, dtype=F64) for s in ENSEMBLE_SEEDS]
     return vi.train_ensemble(
         models, make_batch, steps=STEPS, lr=3e-3, warmup_steps=5, schedule="cosine",
-        grad_clip=1.0, ema_decay=0.9, checkpoint_dir=checkpoint_dir, checkpoint_every=3, keep_last=2,
-        resume=resume, progress=False, device="cpu", seed=ENSEMBLE_SEEDS, callback=callback,
+        grad_clip=1.0, ema_decay=0.9, checkpoint_dir=checkpoint_dir, checkpoint_every=3,
+        keep_last=2, resume=resume, progress=False, device="cpu", seed=ENSEMBLE_SEEDS,
+        callback=callback,
     )  # fmt: skip
 
 
