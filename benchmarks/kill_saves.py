@@ -282,8 +282,9 @@ def train_ensemble(checkpoint_dir: Path, resume: bool, callback=None) -> vi.Ense
     models = [vi.HookedVectorTransformer(TRAIN_CFG, seed=s, dtype=F64) for s in ENSEMBLE_SEEDS]
     return vi.train_ensemble(
         models, make_batch, steps=STEPS, lr=3e-3, warmup_steps=5, schedule="cosine",
-        grad_clip=1.0, checkpoint_dir=checkpoint_dir, checkpoint_every=3, keep_last=2,
-        resume=resume, progress=False, device="cpu", seed=ENSEMBLE_SEEDS, callback=callback,
+        grad_clip=1.0, ema_decay=0.9, checkpoint_dir=checkpoint_dir, checkpoint_every=3,
+        keep_last=2, resume=resume, progress=False, device="cpu", seed=ENSEMBLE_SEEDS,
+        callback=callback,
     )  # fmt: skip
 
 
@@ -333,7 +334,7 @@ def ensembles(n: int, root: Path) -> dict[str, object]:
             if step == 3:
                 s.touch()
             if step >= 3:
-                time.sleep(0.05)
+                time.sleep(0.25)  # the attempts below come while it runs
 
         def ensemble_run(d: Path = directory, cb=slow) -> int:
             train_ensemble(d, resume=False, callback=cb)
@@ -344,6 +345,8 @@ def ensembles(n: int, root: Path) -> dict[str, object]:
             time.sleep(0.01)
         here = Path.cwd()
         for how in ("cwd", "symlink"):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                raise RuntimeError("the ensemble ended before the runs in its member_000 came")
             before = member_listing(directory / "member_000")
             try:
                 if how == "cwd":

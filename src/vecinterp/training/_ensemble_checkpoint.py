@@ -16,7 +16,8 @@ Each member's checkpoint is written, checksummed and read by
 :mod:`vecinterp.training.checkpoint`, exactly as :func:`vecinterp.train` writes its own
 (plus an ``"ensemble"`` entry in ``trainer.json``: the member's index and, once it has
 diverged, why). A resume checks that index against the directory's: member directories
-swapped or copied by hand are refused, not loaded into the wrong models. ``ensemble.json`` is rewritten (atomically) only once every member has
+swapped or copied by hand are refused, not loaded into the wrong models.
+``ensemble.json`` is rewritten (atomically) only once every member has
 written a step, and old checkpoints are pruned only after that: a crash at any point
 leaves every member with the step it names, the one a resumed ensemble continues from.
 ``ensemble.json`` is read as a regular file only (a FIFO or a link to a device is refused,
