@@ -490,6 +490,25 @@ def test_to_hf_refusals():
         vi.to_hf(nn.Linear(2, 2))
 
 
+def test_to_hf_refuses_a_gated_mlp_that_llama_cannot_hold():
+    """A gated MLP with learned positions and LayerNorm fits neither GPT-2 (no gate) nor
+    Llama (rotary, RMSNorm); before, GPT-2's exporter dropped W_gate and b_gate and the
+    export computed an ungated MLP (8-16 % off)."""
+    model = random_model(tiny_cfg(gated_mlp=True, act_fn="gelu_tanh"))
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)to GPT-2:\n  - gated_mlp=True \(GPT-2's MLP has no gate: W_gate and b_gate "
+        r"would be dropped.*nor to Llama:\n  - positional='learned'.*normalization='LN'",
+    ):
+        vi.to_hf(model)
+    # with rotary positions and RMSNorm it goes to Llama, gate and all
+    model = random_model(
+        tiny_cfg(gated_mlp=True, act_fn="silu", positional="rotary", normalization="RMS")
+    )
+    backbone, read_in, read_out = vi.to_hf(model)
+    assert type(backbone).__name__ == "LlamaModel"
+
+
 def test_missing_transformers_names_the_extra(monkeypatch):
     model = vi.HookedVectorTransformer(tiny_cfg())
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import` raises ImportError

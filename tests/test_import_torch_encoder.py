@@ -341,6 +341,8 @@ def test_to_torch_encoder_refusals():
         "attn_only=True": tiny_cfg(attn_only=True),
         "act_fn='silu'": tiny_cfg(act_fn="silu"),
         r"d_model=8 != n_heads \* d_head = 6": tiny_cfg(n_heads=2, d_head=3),
+        # before: W_gate and b_gate were left out and the export computed an ungated MLP
+        r"gated_mlp=True \(nn\.TransformerEncoderLayer's MLP has no gate": tiny_cfg(gated_mlp=True),
     }
     for match, cfg in cases.items():
         with pytest.raises(ValueError, match=match):

@@ -171,10 +171,11 @@ def to_hf(
     mode, with every dropout probability 0; the global random state is left alone.
     GPT-2 can represent a model with learned positions, ``normalization="LN"`` (or
     ``"LNPre"``, stored as LayerNorms of weight 1 and bias 0), ``act_fn`` ``"gelu_tanh"``
-    (GPT-2's ``gelu_new``), ``"gelu"``, ``"relu"`` or ``"silu"``, MLPs, causal attention and
-    ``d_model = n_heads * d_head``; anything else raises a ``ValueError`` listing every
-    reason. The backbone's token table ``wte`` has one row (``vocab_size=1``): it is not
-    used.
+    (GPT-2's ``gelu_new``), ``"gelu"``, ``"relu"`` or ``"silu"``, ungated MLPs, causal
+    attention and ``d_model = n_heads * d_head``; anything else (a gated MLP with learned
+    positions or LayerNorm, say, which neither GPT-2 nor Llama holds) raises a
+    ``ValueError`` listing every reason. The backbone's token table ``wte`` has one row
+    (``vocab_size=1``): it is not used.
 
     Args:
         model: the model to export.

@@ -220,6 +220,11 @@ def to_gpt2(
         problems.append(f"normalization={cfg.normalization!r} (GPT-2 has LayerNorm)")
     if cfg.attn_only:
         problems.append("attn_only=True (GPT-2's blocks have MLPs)")
+    elif cfg.gated_mlp:
+        problems.append(
+            "gated_mlp=True (GPT-2's MLP has no gate: W_gate and b_gate would be dropped; "
+            "Llama holds a gated MLP with rotary positions and RMSNorm)"
+        )
     if not cfg.causal:
         problems.append("causal=False (GPT-2 is causal)")
     if cfg.d_model != cfg.n_heads * cfg.d_head:

@@ -349,7 +349,7 @@ def to_torch_encoder(
     ``None`` (``"none"``). The encoder is ``batch_first=True``, ``norm_first=True``,
     without dropout, in eval mode, on ``model``'s device and dtype; the global random state
     is left alone. Exportable: ``normalization`` ``"LN"`` or ``"LNPre"``, ``act_fn``
-    ``"relu"`` or ``"gelu"``, learned or no positions, MLPs, ``d_model = n_heads *
+    ``"relu"`` or ``"gelu"``, learned or no positions, ungated MLPs, ``d_model = n_heads *
     d_head``; anything else raises a ``ValueError`` listing every reason.
 
     Args:
@@ -389,6 +389,11 @@ def to_torch_encoder(
         )
     if cfg.attn_only:
         problems.append("attn_only=True (nn.TransformerEncoderLayer has an MLP)")
+    elif cfg.gated_mlp:
+        problems.append(
+            "gated_mlp=True (nn.TransformerEncoderLayer's MLP has no gate: W_gate and b_gate "
+            "would be dropped)"
+        )
     if cfg.d_model != cfg.n_heads * cfg.d_head:
         problems.append(
             f"d_model={cfg.d_model} != n_heads * d_head = {cfg.n_heads * cfg.d_head} "
