@@ -182,6 +182,34 @@ def test_other_activation_names(act):
         assert rel_err(model(x), source_forward(backbone, read_in, read_out, x)[0]) <= 1e-10
 
 
+def test_the_activation_is_read_from_the_modules():
+    """An activation-swap experiment replaces block.mlp.act: the import computes what the
+    modules compute (before, it read the config's gelu_new: ~10 % off), and a module that
+    is none of vecinterp's activations, or layers that differ, are refused."""
+    backbone = gpt2(act="gelu_new")
+    read_in, read_out = linear(3, 8), linear(8, 2)
+    for block in backbone.h:
+        block.mlp.act = nn.SiLU()
+    model = vi.from_hf(backbone, read_in, read_out)
+    assert model.cfg.act_fn == "silu"
+    x = torch.randn(2, 7, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    y = source_forward(backbone, read_in, read_out, x)[0]
+    with torch.no_grad():
+        assert rel_err(model(x), y) <= 1e-10
+    backbone.h[1].mlp.act = nn.GELU(approximate="tanh")
+    refuse(
+        backbone,
+        r"the layers compute different activations \(silu: h\.0\.mlp\.act; gelu_tanh: "
+        r"h\.1\.mlp\.act; vecinterp has one\)",
+    )
+    backbone.h[1].mlp.act = nn.Tanh()
+    refuse(
+        backbone,
+        r"h\.1\.mlp\.act is a torch\.nn\.modules\.activation\.Tanh, which computes none of "
+        r"vecinterp's activations",
+    )
+
+
 def test_dtype_argument_and_reorder_and_upcast_attn():
     """reorder_and_upcast_attn: GPT-2's eager attention computes the scores in float32 (in
     float64 it raises: its float64 mask upcasts them); SDPA ignores the flag."""
@@ -534,15 +562,45 @@ def test_howto_import_snippets_run():
     assert namespace["llama_model"].cfg.n_key_value_heads == 2
 
 
-def test_a_source_in_train_mode_with_dropout_imports_as_its_eval_function():
-    backbone = gpt2(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1).train()
+def test_a_source_in_train_mode_with_dropout_is_refused():
+    """Its outputs are random and the import computes its eval-mode function: a user's
+    first comparison against such a source was 0.54 off, without a word. Refused, naming
+    the dropouts and the way out (.eval()); the source is left as it was."""
+    backbone = gpt2(resid_pdrop=0.1, embd_pdrop=0.0, attn_pdrop=0.1).train()
     read_in, read_out = linear(3, 8), linear(8, 1)
-    model = vi.from_hf(backbone, read_in, read_out)
-    assert backbone.training and not model.training  # the source is left as it was
+    with pytest.raises(
+        ValueError,
+        match=r"GPT2Model is in training mode with dropout \(h\.0\.attn\.attn_dropout \(p=0\.1\), "
+        r".*call \.eval\(\) on it first",
+    ):
+        vi.from_hf(backbone, read_in, read_out)
+    assert backbone.training
+    model = vi.from_hf(backbone.eval(), read_in, read_out)
     x = torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
-    y, _ = source_forward(backbone.eval(), read_in, read_out, x)
+    y, _ = source_forward(backbone, read_in, read_out, x)
     with torch.no_grad():
         assert rel_err(model(x), y) <= 1e-10
+    # in training mode without dropout it computes its eval-mode function: imported
+    backbone = gpt2().train()
+    model = vi.from_hf(backbone, read_in, read_out)
+    y, _ = source_forward(backbone, read_in, read_out, x)
+    with torch.no_grad():
+        assert rel_err(model(x), y) <= 1e-10
+
+
+def test_a_backbone_on_the_meta_device_is_refused():
+    """Before: RuntimeError "Tensor.item() cannot be called on meta tensors"."""
+    config = gpt2().config
+    with torch.device("meta"):
+        backbone = transformers.GPT2Model(config)
+    with pytest.raises(
+        ValueError, match=r"GPT2Model has \d+ tensors on the meta device .*load its weights first"
+    ):
+        vi.from_hf(backbone, linear(3, 8), linear(8, 1))
+    with torch.device("meta"):
+        read_in = nn.Linear(3, 8)
+    with pytest.raises(ValueError, match=r"read_in is on the meta device \(no values\)"):
+        vi.from_hf(gpt2(), read_in, linear(8, 1))
 
 
 def test_bad_dtype():

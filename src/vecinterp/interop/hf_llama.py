@@ -31,7 +31,10 @@ A projection without a bias gets a zero one. The configuration maps ``hidden_siz
 ``rms_norm_eps`` -> ``eps``, the rotary base ``rope_theta`` -> ``rotary_base``
 (``positional="rotary"``: vecinterp's rotary embedding is the same "rotate half" layout),
 ``hidden_act`` -> ``act_fn`` (``silu``/``swish``, ``gelu``, ``relu``, and the tanh
-approximations ``gelu_pytorch_tanh``/``gelu_new`` -> ``gelu_tanh``), and
+approximations ``gelu_pytorch_tanh``/``gelu_new`` -> ``gelu_tanh``; the activation itself
+is read from the modules that compute it, ``layers.{i}.mlp.act_fn``, run on probe points
+in float64 as for GPT-2 (:mod:`vecinterp.interop.hf_gpt2`), so a swapped activation imports
+as it computes and one that is none of vecinterp's is refused), and
 ``max_position_embeddings`` -> ``n_ctx`` unless ``n_ctx`` is given (each attention layer
 of a vecinterp model keeps an ``n_ctx x n_ctx`` mask, so a backbone configured for long
 contexts is imported for the lengths it will be used with). The model is causal.
@@ -50,7 +53,9 @@ window, where the window changes nothing), normalization layers or submodules ot
 Llama's (Qwen3's query/key norms, Gemma's ``1 + w`` RMSNorm: other classes are refused by
 :func:`vecinterp.from_hf` before they get here), activation functions other than the ones
 above, norms of different epsilons, and projections of unexpected shapes. Dropout
-(``attention_dropout``) is ignored: the imported model computes the source in eval mode.
+(``attention_dropout``) is ignored in eval mode: the imported model computes the source in
+eval mode; a backbone in training mode with a nonzero ``attention_dropout``, and one with
+tensors on the meta device, are refused first (see :mod:`vecinterp.interop.hf_gpt2`).
 """
 
 from typing import Any
@@ -63,6 +68,7 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    check_source,
     copy_norm,
     embed_params,
     export_maps,
@@ -71,6 +77,7 @@ from ._convert import (
     heads_out,
     linear_parts,
     merge_heads_in,
+    module_activations,
     module_device_dtype,
 )
 
@@ -117,13 +124,22 @@ def _sliding_windows(c: Any) -> list[int]:
     return [int(window)]
 
 
-def _problems(backbone: Any, n_ctx: int) -> tuple[list[str], list[float]]:
-    """Everything about ``backbone`` vecinterp cannot represent, and each norm's eps."""
+def _problems(backbone: Any, n_ctx: int) -> tuple[list[str], list[float], str]:
+    """Everything about ``backbone`` vecinterp cannot represent, each norm's eps, and the
+    activation its MLPs compute (read from the modules)."""
     c = backbone.config
     problems = []
     act = getattr(c, "hidden_act", None)
-    if act not in ACT_FROM_LLAMA:
+    act_fn, act_problems = module_activations(
+        [
+            (f"layers.{i}.mlp.act_fn", getattr(layer.mlp, "act_fn", None))
+            for i, layer in enumerate(backbone.layers)
+        ]
+    )
+    if act not in ACT_FROM_LLAMA and (act_problems or act_fn is None):
         problems.append(f"hidden_act={act!r} (vecinterp has {sorted(ACT_FROM_LLAMA)} of these)")
+    else:
+        problems += act_problems
     rope_type, theta, partial = _rope(c)
     if rope_type != "default":
         problems.append(
@@ -162,7 +178,7 @@ def _problems(backbone: Any, n_ctx: int) -> tuple[list[str], list[float]]:
     problems += _rms_problems("norm", getattr(backbone, "norm", None), eps)
     if not problems and len(set(eps)) > 1:
         problems.append(f"norms of different eps {sorted(set(eps))} (vecinterp has one eps)")
-    return problems, eps
+    return problems, eps, act_fn or ACT_FROM_LLAMA.get(str(act), "")
 
 
 def _rms_problems(name: str, norm: object, eps: list[float]) -> list[str]:
@@ -193,6 +209,7 @@ def from_llama(
     """:func:`vecinterp.from_hf` for a ``transformers.LlamaModel``, ``MistralModel`` or
     ``Qwen2Model`` (see the module docstring)."""
     c = backbone.config
+    check_source(type(backbone).__name__, backbone)
     device, source_dtype = module_device_dtype(backbone)
     dtype = check_dtype(dtype, source_dtype)
     d = int(c.hidden_size)
@@ -211,7 +228,7 @@ def from_llama(
         raise ValueError(f"n_ctx must be a positive int, got {n_ctx!r}")
     w_in = linear_parts("read_in", read_in, d_out=d)
     w_out = linear_parts("read_out", read_out, d_in=d)
-    problems, eps = _problems(backbone, n_ctx)
+    problems, eps, act_fn = _problems(backbone, n_ctx)
     fail(f"this {type(backbone).__name__} to vecinterp", problems)
 
     layers = list(backbone.layers)
@@ -229,7 +246,7 @@ def from_llama(
         n_layers=len(layers),
         n_ctx=n_ctx,
         d_mlp=d_mlp,
-        act_fn=ACT_FROM_LLAMA[c.hidden_act],
+        act_fn=act_fn,
         normalization="RMS",
         positional="rotary",
         rotary_base=_rope(c)[1] or 10000.0,
