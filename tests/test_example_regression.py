@@ -45,6 +45,7 @@ def test_shipped_model(tmp_path):
     assert len(summary["ablation_past_d"]["heads"]) == 4
 
 
+@pytest.mark.hf
 def test_garg_checkpoint(tmp_path):
     transformers = pytest.importorskip("transformers")
     parts = torch.nn.Module()

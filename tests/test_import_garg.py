@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+# the hf extra's tests: .ci/run runs them (-m hf) under the oldest supported transformers too
+pytestmark = pytest.mark.hf
 pytest.importorskip(
     "transformers", reason='transformers is not installed (pip install "vecinterp[hf]")'
 )

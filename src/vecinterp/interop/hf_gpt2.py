@@ -131,6 +131,22 @@ def _problems(backbone: Any, dtype: torch.dtype) -> tuple[list[str], list[float]
         )
     if getattr(c, "pruned_heads", None):
         problems.append(f"pruned heads {dict(c.pruned_heads)} (layers of fewer heads)")
+    impl = getattr(c, "_attn_implementation", None) or "eager"
+    unscaled = not getattr(c, "scale_attn_weights", True)
+    by_layer = bool(getattr(c, "scale_attn_by_inverse_layer_idx", False))
+    if (
+        (unscaled or by_layer)
+        and impl != "eager"
+        and any(not hasattr(b.attn, "scaling") for b in backbone.h)
+    ):
+        # transformers 4.x passes no scale to SDPA (5.x passes attn.scaling)
+        problems.append(
+            f"scale_attn_weights={not unscaled} / scale_attn_by_inverse_layer_idx={by_layer} "
+            f"with attn_implementation={impl!r}: this transformers' {impl} attention for GPT-2 "
+            "ignores both (only its eager path applies them), so the source computes two "
+            "different functions; build or load it with attn_implementation='eager' (or use "
+            "transformers >= 5, whose every path applies them)"
+        )
     if getattr(c, "reorder_and_upcast_attn", False) and dtype in _HALF:
         problems.append(
             f"reorder_and_upcast_attn=True with dtype={dtype}: GPT-2 computes the attention "
