@@ -33,10 +33,9 @@ from import_helpers import linear, noise, rel_err  # noqa: E402
 
 F32, F64 = torch.float32, torch.float64
 TOL = {F64: 1e-10, F32: 1e-5}  # max |ours - source| / max |source|
-# transformers 4.40 has no SDPA attention for GPT-2; 4.41-4.57's ignores the config's
-# scale_attn_weights=False / scale_attn_by_inverse_layer_idx=True (5.x's attn.scaling)
-GPT2_SDPA = bool(getattr(transformers.GPT2Model, "_supports_sdpa", False))
-GPT2_SDPA_SCALES = GPT2_SDPA and hasattr(
+# transformers 4.46-4.57's SDPA attention for GPT-2 ignores the config's
+# scale_attn_weights=False / scale_attn_by_inverse_layer_idx=True (5.x's applies attn.scaling)
+GPT2_SDPA_SCALES = hasattr(
     transformers.models.gpt2.modeling_gpt2.GPT2Attention(
         transformers.GPT2Config(n_embd=8, n_head=2)
     ),
@@ -59,8 +58,6 @@ def gpt2(
     **extra,
 ):
     """A GPT2Model with every parameter random (biases and LayerNorm weights included)."""
-    if impl == "sdpa" and not GPT2_SDPA:
-        pytest.skip(f"transformers {transformers.__version__} has no SDPA attention for GPT-2")
     config = transformers.GPT2Config(
         vocab_size=1,
         bos_token_id=0,
@@ -246,8 +243,6 @@ def test_dtype_argument_and_reorder_and_upcast_attn():
     """reorder_and_upcast_attn: GPT-2's eager attention computes the scores in float32 (in
     float64 it raises: its float64 mask upcasts them); SDPA ignores the flag."""
     for dtype, impl in ((F32, "eager"), (F64, "sdpa")):
-        if impl == "sdpa" and not GPT2_SDPA:
-            continue
         backbone = gpt2(
             reorder_and_upcast_attn=True,
             scale_attn_by_inverse_layer_idx=impl == "eager" or GPT2_SDPA_SCALES,
@@ -428,8 +423,6 @@ EXPORT_CFGS = {
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", EXPORT_CFGS)
 def test_to_hf_reproduces_the_model_and_round_trips(name, impl):
-    if impl == "sdpa" and not GPT2_SDPA:
-        pytest.skip(f"transformers {transformers.__version__} has no SDPA attention for GPT-2")
     cfg = EXPORT_CFGS[name]
     model = random_model(cfg)
     rng = torch.get_rng_state()
