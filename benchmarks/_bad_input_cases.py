@@ -3706,7 +3706,135 @@ def build_cases(interop: bool = False) -> list[Case]:
         section(c)
     if interop:
         interop_cases(c)
+        import_export_cases(c)
     return c.cases
+
+
+def import_export_cases(c: Catalogue) -> None:
+    """from_hf / to_hf / to_torch_encoder / from_garg_checkpoint (issue 33 items 1, 4, 11,
+    12, 13): each refused with the argument named (``interop_cases`` holds the
+    TransformerLens ones)."""
+    cat = "import"
+    import transformers  # the hf extra; --interop needs it
+
+    def gpt2(**kw: Any) -> Any:
+        config = transformers.GPT2Config(
+            vocab_size=1, bos_token_id=0, eos_token_id=0, n_positions=6, n_embd=8,
+            n_layer=2, n_head=2, use_cache=False, **kw,
+        )  # fmt: skip
+        with torch.random.fork_rng(devices=[]):
+            return transformers.GPT2Model(config)
+
+    def maps(d: int = 8) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+        with torch.random.fork_rng(devices=[]):
+            return torch.nn.Linear(3, d), torch.nn.Linear(d, 1)
+
+    gated = {"gated_mlp": True, "act_fn": "gelu_tanh"}
+    c.add(
+        "to_hf(gated_mlp=True, learned positions, LN)",
+        cat,
+        lambda fx: vi.to_hf(vi.HookedVectorTransformer(fx.cfg(**gated), seed=0)),
+        names="gated_mlp",
+    )
+    c.add(
+        "to_torch_encoder(gated_mlp=True)",
+        cat,
+        lambda fx: vi.to_torch_encoder(
+            vi.HookedVectorTransformer(fx.cfg(gated_mlp=True, act_fn="relu"), seed=0)
+        ),
+        names="gated_mlp",
+    )
+
+    def swapped(fx: Fx, act: torch.nn.Module, layer: int) -> Any:
+        backbone = gpt2().eval()
+        backbone.h[layer].mlp.act = act
+        return vi.from_hf(backbone, *maps())
+
+    c.add(
+        "from_hf(GPT-2 with h.1.mlp.act = nn.Tanh())",
+        cat,
+        lambda fx: swapped(fx, torch.nn.Tanh(), 1),
+        names="h.1.mlp.act",
+    )
+    c.add(
+        "from_hf(GPT-2 with h.0.mlp.act = nn.ReLU() only)",
+        cat,
+        lambda fx: swapped(fx, torch.nn.ReLU(), 0),
+        names="different activations",
+    )
+    c.add(
+        "from_hf(GPT-2 in training mode, dropout 0.1)",
+        cat,
+        lambda fx: vi.from_hf(gpt2().train(), *maps()),
+        names=("training mode", ".eval()"),
+    )
+
+    def on_meta(fx: Fx) -> Any:
+        with torch.device("meta"):
+            backbone = gpt2()
+        return vi.from_hf(backbone.eval(), *maps())
+
+    c.add("from_hf(GPT-2 on the meta device)", cat, on_meta, names="meta device")
+    c.add(
+        "from_hf(GPT-2 sdpa, scale_attn_weights=False)",
+        cat,
+        lambda fx: vi.from_hf(
+            gpt2(scale_attn_weights=False, attn_implementation="sdpa").eval(), *maps()
+        ),
+        names="scale_attn_weights",
+        ok_if_accepted=hasattr(gpt2().h[0].attn, "scaling"),  # 5.x's SDPA applies it
+    )
+
+    def garg_file(fx: Fx, content: bytes) -> Any:
+        path = fx.tmp("garg") / "state.pt"
+        path.write_bytes(content)
+        return vi.from_garg_checkpoint(path, n_head=2)
+
+    c.add(
+        "from_garg_checkpoint(a text file)",
+        cat,
+        lambda fx: garg_file(fx, b"hello world\n"),
+        names=("checkpoint", "torch.save"),
+    )
+    c.add(
+        "from_garg_checkpoint(an empty file)",
+        cat,
+        lambda fx: garg_file(fx, b""),
+        names=("checkpoint", "torch.save"),
+    )
+    c.add(
+        "from_garg_checkpoint(a directory)",
+        cat,
+        lambda fx: vi.from_garg_checkpoint(fx.tmp("garg_dir"), n_head=2),
+        names=("checkpoint", "regular file"),
+    )
+
+    def whole_module(fx: Fx) -> Any:
+        path = fx.tmp("garg_module") / "model.pt"
+        torch.save(torch.nn.Linear(2, 2), path)
+        return vi.from_garg_checkpoint(path, n_head=2)
+
+    c.add(
+        "from_garg_checkpoint(a torch.save(model) file)",
+        cat,
+        whole_module,
+        names=("checkpoint", "state_dict()"),
+    )
+
+    def garg_state() -> dict[str, torch.Tensor]:
+        read_in, read_out = maps()
+        state = {f"_backbone.{k}": v for k, v in gpt2().state_dict().items()}
+        state |= {f"_read_in.{k}": v for k, v in read_in.state_dict().items()}
+        return state | {f"_read_out.{k}": v for k, v in read_out.state_dict().items()}
+
+    c.add(
+        "from_garg_checkpoint(activation_function='gelu_approx')",
+        cat,
+        lambda fx: vi.from_garg_checkpoint(
+            garg_state(), n_head=2, activation_function="gelu_approx"
+        ),
+        names="activation_function",
+    )
 
 
 __all__ = ["CLEAR_TYPES", "Case", "Fx", "Problem", "build_cases", "child_train", "make_batch"]

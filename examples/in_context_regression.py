@@ -38,14 +38,32 @@ from vecinterp.tasks import linear_regression as lr
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="In-context linear regression (Garg et al. 2022): the shipped model's "
+        "error curve against the baselines, where its heads attend, the direct attribution "
+        "of its predictions and each head's ablation."
+    )
     parser.add_argument("--out", default="outputs/in_context_regression")
     parser.add_argument("--prompts", type=int, default=2048, help="eval prompts (default 2048)")
-    parser.add_argument("--checkpoint", help="a Garg et al. state.pt / model.pt instead")
-    parser.add_argument("--n-head", type=int, default=8, help="heads of --checkpoint's model")
+    parser.add_argument(
+        "--checkpoint", help="a Garg et al. state.pt / model.pt instead (needs --n-head)"
+    )
+    parser.add_argument(
+        "--n-head",
+        type=int,
+        help="the number of heads of --checkpoint's model (model.n_head in its conf/*.yaml; "
+        "8 in the paper): the weights do not say it, so it is required with --checkpoint",
+    )
     parser.add_argument("--seed", type=int, default=20_000)
     parser.add_argument("--no-figures", action="store_true")
     args = parser.parse_args()
+    if args.checkpoint and args.n_head is None:
+        parser.error(
+            "--checkpoint needs --n-head: the number of heads of the checkpoint's model "
+            "(model.n_head in its conf/*.yaml; 8 in the paper), which its weights do not say"
+        )
+    if args.n_head is not None and not args.checkpoint:
+        parser.error("--n-head is the number of heads of --checkpoint's model: give both")
     start = time.perf_counter()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     out = Path(args.out)
@@ -65,9 +83,11 @@ def main() -> None:
     curves = lr.error_curves(model, batch)
     print(f"\nnormalised squared error by in-context examples (d = {dim}):")
     names = ["model", "least_squares", "3-nearest_neighbours", "averaging"]
-    print("  k  " + "  ".join(f"{n[:14]:>14}" for n in names))
+    widths = [max(len(n), 10) for n in names]  # every header whole
+    print("  k  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)))
     for k in range(n_points):
-        print(f" {k:2d}  " + "  ".join(f"{float(curves[n].mean[k]):14.4f}" for n in names))
+        cells = (f"{float(curves[n].mean[k]):{w}.4f}" for n, w in zip(names, widths, strict=True))
+        print(f" {k:2d}  " + "  ".join(cells))
     summary["curves"] = {n: c.mean.tolist() for n, c in curves.items()}
 
     # 2. attention from the x positions: to y positions, to x positions, to itself
@@ -144,7 +164,7 @@ def main() -> None:
                 save_figure,
             )
 
-            title = f"Normalised squared error vs in-context examples, d = {dim} (95 % bands)"
+            title = f"Normalised squared error vs in-context examples\n(d = {dim}; 95 % bands)"
             save_figure(lr.plot_error_curves(curves, title=title), out / "error_curve.png")
             patterns = torch.stack([cache["pattern", i].mean(0) for i in range(model.cfg.n_layers)])
             grid = plot_attention_grid(
@@ -155,13 +175,13 @@ def main() -> None:
             ax = plot_attribution(
                 list(by_component.values()),
                 list(by_component),
-                title="Mean |direct attribution| to the predictions at x positions",
+                title="Mean |direct attribution|\nto the predictions at x positions",
             )
             save_figure(ax, out / "attribution.png")
             fig = plot_matrix(
                 sweep - base,
-                title=f"Increase of the error past d examples, each head mean-ablated "
-                f"(unablated {float(base):.3f})",
+                title=f"Increase of the error past d examples,\n"
+                f"each head mean-ablated (unablated {float(base):.3f})",
                 xlabel="head",
                 ylabel="layer",
             )

@@ -15,7 +15,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "in_context_regress
 
 def run(tmp_path, *extra):
     out = tmp_path / "out"
-    subprocess.run(
+    done = subprocess.run(
         [
             sys.executable,
             str(EXAMPLE),
@@ -31,7 +31,29 @@ def run(tmp_path, *extra):
         text=True,
         timeout=300,
     )
-    return json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    # the error table's header names every column whole (it cut "3-nearest_neighbours")
+    header = next(line for line in done.stdout.splitlines() if line.strip().startswith("k "))
+    assert header.split() == ["k", "model", "least_squares", "3-nearest_neighbours", "averaging"]
+    return summary
+
+
+def test_help_and_checkpoint_without_n_head():
+    """--help's description is a whole sentence (it was the docstring's first line, cut
+    mid-sentence), and --checkpoint without --n-head is refused (it assumed 8 heads)."""
+    help_text = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    description = " ".join(help_text.split("\n\n")[1].split())
+    assert description.startswith("In-context linear regression") and description.endswith(".")
+    assert "required with --checkpoint" in " ".join(help_text.split())
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--checkpoint", "state.pt", "--no-figures"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "--checkpoint needs --n-head" in done.stderr
 
 
 def test_shipped_model(tmp_path):
@@ -45,6 +67,7 @@ def test_shipped_model(tmp_path):
     assert len(summary["ablation_past_d"]["heads"]) == 4
 
 
+@pytest.mark.hf
 def test_garg_checkpoint(tmp_path):
     transformers = pytest.importorskip("transformers")
     parts = torch.nn.Module()

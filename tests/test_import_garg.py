@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+# the hf extra's tests: .ci/run runs them (-m hf) under the oldest supported transformers too
+pytestmark = pytest.mark.hf
 pytest.importorskip(
     "transformers", reason='transformers is not installed (pip install "vecinterp[hf]")'
 )
@@ -136,3 +138,41 @@ def test_what_is_not_a_garg_checkpoint_is_refused(tmp_path):
     extra = dict(state) | {"_backbone.h.0.attn.q_norm.weight": torch.ones(16)}
     with pytest.raises(ValueError, match=r"unexpected \['h\.0\.attn\.q_norm\.weight'\]"):
         vi.from_garg_checkpoint(extra, n_head=4)
+
+
+def test_files_that_are_not_checkpoints_are_refused_with_the_reason(tmp_path):
+    """Before: a text file gave IndexError("pop from empty list") or KeyError(101), a whole
+    module saved with torch.save(model) torch's advice to pass weights_only=False (which
+    from_garg_checkpoint does not take), activation_function='gelu_approx' a bare
+    KeyError."""
+    not_torch = r"is not a file torch\.save wrote, or it is damaged \(torch\.load: "
+    for name, content in {
+        "notes.txt": b"hello world\n",
+        "empty.pt": b"",
+        "zip.pt": b"PK\x03\x04 not a zip archive",
+        "random.pt": bytes(range(256)) * 4,
+    }.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=not_torch) as info:
+            vi.from_garg_checkpoint(tmp_path / name, n_head=4)
+        assert "weights_only" not in str(info.value)
+    with pytest.raises(ValueError, match=r"is not a regular file: pass the path of the state"):
+        vi.from_garg_checkpoint(tmp_path, n_head=4)
+    with pytest.raises(FileNotFoundError, match=r"missing\.pt' does not exist"):
+        vi.from_garg_checkpoint(tmp_path / "missing.pt", n_head=4)
+    source = garg(n_dims=4, n_positions=5)
+    torch.save(source, tmp_path / "whole.pt")
+    with pytest.raises(
+        ValueError,
+        match=r"holds pickled Python objects, not only tensors \(a whole module saved with "
+        r"torch\.save\(model\)\?\).* load it yourself, module = torch\.load\(path, "
+        r"weights_only=False\), and pass module\.state_dict\(\)",
+    ):
+        vi.from_garg_checkpoint(tmp_path / "whole.pt", n_head=4)
+    # ... which is the way out
+    module = torch.load(tmp_path / "whole.pt", weights_only=False)
+    predictions_agree(source, vi.from_garg_checkpoint(module.state_dict(), n_head=4), 4, 5, 1e-5)
+    with pytest.raises(
+        ValueError, match=r"activation_function='gelu_approx' is not one of GPT-2's .*'gelu_new'"
+    ):
+        vi.from_garg_checkpoint(source.state_dict(), n_head=4, activation_function="gelu_approx")

@@ -19,6 +19,8 @@ import pytest
 import torch
 from torch import nn
 
+# the hf extra's tests: .ci/run runs them (-m hf) under the oldest supported transformers too
+pytestmark = pytest.mark.hf
 pytest.importorskip(
     "transformers", reason='transformers is not installed (pip install "vecinterp[hf]")'
 )
@@ -36,6 +38,23 @@ from import_helpers import linear, noise, rel_err  # noqa: E402
 F32, F64 = torch.float32, torch.float64
 TOL = {F64: 1e-10, F32: 1e-5}  # max |ours - source| / max |source|
 _MODULES = (modeling_llama, modeling_mistral, modeling_qwen2)
+# transformers 5 reads the rotary settings from rope_parameters, 4.x from rope_theta and
+# rope_scaling; 4.40-4.44 have no head_dim (d_head is hidden_size / heads)
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+HAS_HEAD_DIM = "head_dim" in transformers.LlamaConfig().to_dict()
+HAS_MLP_BIAS = "mlp_bias" in transformers.LlamaConfig().to_dict()  # 4.41 on
+
+
+def rope(rope_type="default", theta=10000.0, **scaling):
+    """Config keywords for a rotary embedding, in the fields this transformers reads."""
+    if V5:
+        return {"rope_parameters": dict(rope_type=rope_type, rope_theta=theta, **scaling)}
+    scaled = {} if rope_type == "default" else {"rope_scaling": dict(type=rope_type, **scaling)}
+    return {"rope_theta": theta} | scaled
+
+
+def rope_theta(c):
+    return c.rope_parameters["rope_theta"] if V5 else c.rope_theta
 
 
 @contextlib.contextmanager
@@ -49,9 +68,12 @@ def float64_source():
         )
 
     def rotary_forward(self, x, position_ids):
-        c = self.config
-        dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        base = c.rope_parameters["rope_theta"]
+        c = getattr(self, "config", None)
+        if c is None:  # transformers 4.40: a rotary embedding per attention layer
+            dim, base = self.dim, self.base
+        else:
+            dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            base = rope_theta(c)
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=F64) / dim))
         freqs = position_ids[..., None].to(F64) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -117,8 +139,8 @@ SHAPES = {
         "llama",
         dict(
             num_key_value_heads=4,
-            head_dim=6,
-            rope_parameters=dict(rope_type="default", rope_theta=500.0),
+            **(dict(head_dim=6) if HAS_HEAD_DIM else {}),
+            **rope(theta=500.0),
         ),
         2,
         5,
@@ -162,7 +184,7 @@ def test_outputs_and_hidden_states_match_the_source(name, impl, dtype):
         c.intermediate_size,
         c.num_hidden_layers,
     )
-    assert cfg.rotary_base == c.rope_parameters["rope_theta"] and cfg.eps == c.rms_norm_eps
+    assert cfg.rotary_base == rope_theta(c) and cfg.eps == c.rms_norm_eps
     gen = torch.Generator().manual_seed(3)
     for batch, n in [(1, cfg.n_ctx), (3, 1), (2, cfg.n_ctx - 3)]:
         x = torch.randn(batch, n, cfg.d_in, generator=gen, dtype=F64).to(dtype)
@@ -282,9 +304,14 @@ def test_weight_processing_keeps_the_source_output():
 # ---------------------------------------------------------------- export and round trips
 
 EXPORT_CFGS = {
-    "gqa2-silu": tiny_cfg(
-        normalization="RMS", positional="rotary", gated_mlp=True, act_fn="silu", n_key_value_heads=1
-    ),
+    "gqa2-silu-base5e5": tiny_cfg(
+        normalization="RMS",
+        positional="rotary",
+        gated_mlp=True,
+        act_fn="silu",
+        n_key_value_heads=1,
+        rotary_base=5e5,
+    ),  # fmt: skip
     "mha-gelu-embed_bias-RMSPre": tiny_cfg(
         normalization="RMSPre", positional="rotary", gated_mlp=True, act_fn="gelu", embed_bias=True
     ),
@@ -296,8 +323,18 @@ EXPORT_CFGS = {
 def test_to_hf_reproduces_the_model_and_round_trips(name, impl):
     cfg = EXPORT_CFGS[name]
     model = random_model(cfg)
+    if not HAS_MLP_BIAS:  # before: exported without them, 44 % off
+        with pytest.raises(ValueError, match=r"MLP biases are nonzero, and transformers 4"):
+            vi.to_hf(model, attn_implementation=impl)
+        with torch.no_grad():
+            for block in model.blocks:
+                for b in (block.mlp.b_gate, block.mlp.b_in, block.mlp.b_out):
+                    b.zero_()
     rng = torch.get_rng_state()
     backbone, read_in, read_out = vi.to_hf(model, attn_implementation=impl)
+    # the rotary base is in the field this version reads (before: 5.x's only, so that
+    # 4.40-4.57 ran the export at 10000 whatever the model's)
+    assert rope_theta(backbone.config) == cfg.rotary_base
     assert torch.equal(torch.get_rng_state(), rng)
     assert type(backbone).__name__ == "LlamaModel" and not backbone.training
     x = torch.randn(2, cfg.n_ctx, cfg.d_in, generator=torch.Generator().manual_seed(0), dtype=F64)
@@ -337,7 +374,7 @@ def refuse(backbone, match, *, exc=ValueError, **kwargs):
 
 def test_refusals_of_the_backbone():
     refuse(
-        backbone_of(rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=1e4)),
+        backbone_of(**rope("linear", 1e4, factor=2.0)),
         r"rope_type='linear' \(rotary scaling",
     )
     refuse(backbone_of(hidden_act="quick_gelu"), r"hidden_act='quick_gelu'")
@@ -355,6 +392,53 @@ def test_refusals_of_the_backbone():
         backbone_of(max_position_embeddings=5000), r"max_position_embeddings=5000 .* pass n_ctx="
     )
     refuse(backbone_of(), r"n_ctx must be a positive int, got 0", n_ctx=0)
+
+
+def test_the_activation_is_read_from_the_modules():
+    """An activation swap in layer.mlp.act_fn imports as it computes (before: as the
+    config's silu, ~29 % off); one that is none of vecinterp's is refused."""
+    backbone = backbone_of(hidden_act="silu")
+    read_in, read_out = linear(3, 16), linear(16, 1)
+    for layer in backbone.layers:
+        layer.mlp.act_fn = nn.GELU()
+    model = vi.from_hf(backbone, read_in, read_out)
+    assert model.cfg.act_fn == "gelu"
+    x = torch.randn(2, 9, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    with float64_source():
+        y, _ = source_forward(backbone, read_in, read_out, x)
+    with torch.no_grad():
+        assert rel_err(model(x), y) <= 1e-10
+    backbone.layers[0].mlp.act_fn = nn.Softplus()
+    refuse(
+        backbone,
+        r"layers\.0\.mlp\.act_fn is a torch\.nn\.modules\.activation\.Softplus, which "
+        r"computes none of vecinterp's",
+    )
+
+
+def test_a_source_in_train_mode_with_attention_dropout_is_refused():
+    backbone = backbone_of(attention_dropout=0.25).train()
+    refuse(
+        backbone,
+        r"LlamaModel is in training mode with dropout \(layers\.0\.self_attn\."
+        r"attention_dropout=0\.25, .*call \.eval\(\) on it first",
+    )
+    assert backbone.training
+    vi.from_hf(backbone.eval(), linear(3, 16), linear(16, 1))
+    vi.from_hf(backbone_of().train(), linear(3, 16), linear(16, 1))  # no dropout: imported
+
+
+def test_a_rotary_base_that_the_model_does_not_use_is_refused():
+    """The rotary embedding's inv_freq is checked against the base read from the config's
+    field that this transformers reads: a config edited after the model was built (or a
+    4.x config carrying 5.x's rope_parameters) is refused, not imported at a base the
+    source does not run at."""
+    backbone = backbone_of()
+    if V5:
+        backbone.config.rope_parameters["rope_theta"] = 500.0
+    else:
+        backbone.config.rope_theta = 500.0
+    refuse(backbone, r"rotary_emb\.inv_freq is not rope_theta=500's")
 
 
 def test_n_ctx_argument():

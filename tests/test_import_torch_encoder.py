@@ -341,23 +341,38 @@ def test_to_torch_encoder_refusals():
         "attn_only=True": tiny_cfg(attn_only=True),
         "act_fn='silu'": tiny_cfg(act_fn="silu"),
         r"d_model=8 != n_heads \* d_head = 6": tiny_cfg(n_heads=2, d_head=3),
+        # before: W_gate and b_gate were left out and the export computed an ungated MLP
+        r"gated_mlp=True \(nn\.TransformerEncoderLayer's MLP has no gate": tiny_cfg(gated_mlp=True),
     }
     for match, cfg in cases.items():
         with pytest.raises(ValueError, match=match):
             vi.to_torch_encoder(vi.HookedVectorTransformer(cfg))
 
 
-def test_a_source_in_train_mode_with_dropout_imports_as_its_eval_function():
+def test_a_source_in_train_mode_with_dropout_is_refused():
+    """Its outputs are random while the import computes its eval-mode function (before:
+    imported without a word). Refused, naming the dropouts and .eval(); the source is left
+    as it was."""
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.2, batch_first=True, norm_first=True)
     enc = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8), enable_nested_tensor=False)
     enc = randomise(enc, 0).to(F64).train()
     read_in, read_out = linear(3, 8), linear(8, 2)
-    model = vi.from_torch_encoder(enc, read_in, read_out, causal=False, n_ctx=6)
-    assert enc.training and not model.training
+    with pytest.raises(
+        ValueError,
+        match=r"the nn\.TransformerEncoder is in training mode with dropout \(layers\.0\."
+        r"self_attn\.dropout=0\.2, layers\.0\.dropout \(p=0\.2\), .*call \.eval\(\) on it",
+    ):
+        vi.from_torch_encoder(enc, read_in, read_out, causal=False, n_ctx=6)
+    assert enc.training
+    model = vi.from_torch_encoder(enc.eval(), read_in, read_out, causal=False, n_ctx=6)
     x = torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
-    y = source_forward(enc.eval(), read_in, read_out, x, causal=False)
+    y = source_forward(enc, read_in, read_out, x, causal=False)
     with torch.no_grad():
         assert rel_err(model(x), y) <= 1e-10
+    with torch.device("meta"):
+        enc = nn.TransformerEncoder(layer, 1, norm=nn.LayerNorm(8), enable_nested_tensor=False)
+    with pytest.raises(ValueError, match=r"tensors on the meta device .*load its weights first"):
+        vi.from_torch_encoder(enc.eval(), read_in, read_out, causal=False, n_ctx=6)
 
 
 def test_dtype_argument():

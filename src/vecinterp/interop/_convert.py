@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..model.components.mlp import ACTIVATIONS
 from ..model.config import VectorTransformerConfig
 from ..model.tensor_files import refuse_non_finite
 from ..model.transformer import HookedVectorTransformer, uninitialised_weights
@@ -48,6 +49,8 @@ def linear_parts(
         )
     if not weight.is_floating_point():
         raise TypeError(f"{name}'s weight must be a floating-point tensor, got {weight.dtype}")
+    if weight.is_meta or (isinstance(bias, torch.Tensor) and bias.is_meta):
+        raise ValueError(f"{name} is on the meta device (no values): load its weights first")
     if d_in is not None and weight.shape[1] != d_in:
         raise ValueError(
             f"{name}'s weight must be [out, in] with in = {d_in} (the backbone's width), "
@@ -179,6 +182,112 @@ def module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
         if p.is_floating_point():
             return p.device, p.dtype
     return torch.device("cpu"), torch.float32
+
+
+_DROPOUTS = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+
+
+def check_source(what: str, module: nn.Module) -> None:
+    """Refuse a source whose import would not compute what the caller compares it with.
+
+    - Parameters or buffers on the meta device have no values: a ``ValueError`` says to
+      load the weights first.
+    - A source in training mode with a nonzero dropout (an ``nn.Dropout`` module, or a
+      float ``dropout`` / ``attention_dropout`` rate that attention applies in training
+      mode, as ``nn.MultiheadAttention`` and Llama's attention do) computes a random
+      function, while the import computes its eval-mode one: a ``ValueError`` names the
+      dropouts and says to call ``.eval()`` on the source first. The importers never
+      change the source's mode themselves.
+    """
+    meta = [name for name, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+    if meta:
+        raise ValueError(
+            f"{what} has {len(meta)} tensors on the meta device (no values; e.g. {meta[0]}): "
+            "load its weights first (from_pretrained without device_map='meta' or "
+            "init_empty_weights, or load_state_dict(..., assign=True)), then import it"
+        )
+    dropouts = []
+    for name, m in module.named_modules():
+        if not m.training:
+            continue
+        if isinstance(m, _DROPOUTS) and m.p > 0:
+            dropouts.append(f"{name or what} (p={m.p})")
+        for attr in ("dropout", "attention_dropout"):
+            rate = getattr(m, attr, None)
+            if isinstance(rate, float) and rate > 0:
+                dropouts.append(f"{name + '.' if name else ''}{attr}={rate}")
+    if dropouts:
+        shown = ", ".join(dropouts[:4]) + (f", ... ({len(dropouts)} in all)" * (len(dropouts) > 4))
+        raise ValueError(
+            f"{what} is in training mode with dropout ({shown}): its outputs are random, "
+            "while the imported model computes its eval-mode function, so the two would not "
+            f"agree; call .eval() on it first (and compare against it in eval mode)"
+        )
+
+
+# Points at which the activations vecinterp has differ (relu, gelu, gelu_tanh and silu
+# differ by at least 1e-4 at |x| ~ 2): both signs, around 0 and in the tails.
+_PROBE = torch.cat(
+    [
+        torch.linspace(-8.0, 8.0, 161, dtype=torch.float64),
+        torch.tensor([-30.0, -12.0, 12.0, 30.0], dtype=torch.float64),
+    ]
+)
+# GPT-2's gelu_fast writes sqrt(2/pi) with 10 digits: 4e-12 relative in the tanh's argument
+_ACT_TOL = 1e-9
+
+
+def module_activation(name: str, act: object) -> tuple[str | None, str | None]:
+    """``(act_fn, None)``: which of vecinterp's activations the module (or function)
+    ``act`` computes, checked on probe points in float64 to ``1e-9``; ``(None, problem)``
+    where it computes none of them (an activation-swap experiment with another function,
+    a module with parameters, a hook that changes its output)."""
+    x = _PROBE.clone()
+    try:
+        with torch.no_grad():
+            out = act(x)  # type: ignore[operator]
+    except Exception as err:  # noqa: BLE001 - any failure means: not one we can read
+        return None, f"{name} ({_describe(act)}) fails on a float64 vector: {err}"
+    if isinstance(out, torch.Tensor) and out.shape == _PROBE.shape:
+        out = out.to(torch.float64)
+        for act_fn, f in ACTIVATIONS.items():
+            if bool(((out - f(_PROBE)).abs() <= _ACT_TOL).all()):
+                return act_fn, None
+    return None, (
+        f"{name} is {_describe(act)}, which computes none of vecinterp's activations "
+        f"{sorted(ACTIVATIONS)} (checked on points in [-30, 30])"
+    )
+
+
+def _describe(act: object) -> str:
+    if isinstance(act, nn.Module):
+        return f"a {type(act).__module__}.{type(act).__name__}"
+    return getattr(act, "__qualname__", None) or type(act).__name__
+
+
+def module_activations(acts: list[tuple[str, object]]) -> tuple[str | None, list[str]]:
+    """``(act_fn, problems)`` for the activation modules of every layer (``(name,
+    module)``): the activation they all compute (``None`` without layers), or why they
+    cannot be read (one that is none of vecinterp's, or layers that differ)."""
+    found: dict[str, list[str]] = {}
+    problems = []
+    for name, act in acts:
+        act_fn, problem = module_activation(name, act)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            found.setdefault(str(act_fn), []).append(name)
+    if not problems and len(found) > 1:
+        which = "; ".join(f"{act_fn}: {', '.join(names)}" for act_fn, names in found.items())
+        problems.append(f"the layers compute different activations ({which}; vecinterp has one)")
+    return (next(iter(found)) if found and not problems else None), problems
 
 
 def embed_params(

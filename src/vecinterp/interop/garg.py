@@ -12,6 +12,7 @@ paper) and imports them with :func:`vecinterp.from_hf`.
 """
 
 import os
+import pickle
 import re
 from collections.abc import Mapping
 
@@ -20,16 +21,55 @@ from torch import nn
 
 from ..model.transformer import HookedVectorTransformer
 from .hf import from_hf, transformers_module
+from .hf_gpt2 import ACT_FROM_GPT2
 
 __all__ = ["from_garg_checkpoint"]
 
 _PREFIX = "_backbone."
 
 
+def _load(path: str | os.PathLike) -> object:
+    """``torch.load(path, weights_only=True)``, or an error saying what the file is not."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {os.fspath(path)!r} does not exist")
+    if not os.path.isfile(path):  # a directory, /dev/zero, a FIFO: never read
+        raise ValueError(
+            f"checkpoint {os.fspath(path)!r} is not a regular file: pass the path of the "
+            "state.pt / model.pt file that torch.save wrote"
+        )
+    try:
+        # weights_only: a checkpoint is data, and loading it must not run code
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "GLOBAL" in str(err) or "global" in str(err):
+            raise ValueError(
+                f"checkpoint {os.fspath(path)!r} holds pickled Python objects, not only "
+                "tensors (a whole module saved with torch.save(model)?): vecinterp reads "
+                "checkpoints with weights_only=True and never runs a file's code. If you "
+                "trust the file, load it yourself, module = torch.load(path, "
+                "weights_only=False), and pass module.state_dict() as the checkpoint"
+            ) from None
+        raise ValueError(_not_a_torch_file(path, err)) from None
+    except Exception as err:  # noqa: BLE001 - torch raises many kinds for a bad file
+        raise ValueError(_not_a_torch_file(path, err)) from None
+
+
+def _not_a_torch_file(path: str | os.PathLike, err: Exception) -> str:
+    text = str(err)
+    if "WeightsUnpickler error:" in text:  # not torch's advice to pass weights_only=False
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    first = lines[0][:200] if lines else ""
+    return (
+        f"checkpoint {os.fspath(path)!r} is not a file torch.save wrote, or it is damaged "
+        f"(torch.load: {type(err).__name__}{': ' + first if first else ''}); pass the "
+        "state.pt / model.pt of Garg et al.'s code"
+    )
+
+
 def _state_dict(checkpoint: object) -> Mapping[str, torch.Tensor]:
     if isinstance(checkpoint, str | os.PathLike):
-        # weights_only: a checkpoint is data, and loading it must not run code
-        checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        checkpoint = _load(checkpoint)
     if isinstance(checkpoint, Mapping) and "model_state_dict" in checkpoint:
         checkpoint = checkpoint["model_state_dict"]
     if not isinstance(checkpoint, Mapping) or not all(
@@ -83,8 +123,13 @@ def from_garg_checkpoint(
     Raises:
         ImportError: ``transformers`` (the ``hf`` extra) is not installed.
         TypeError: ``checkpoint`` is not a path or a state dict.
-        ValueError: the state dict is not of Garg et al.'s model, ``n_head`` does not
-            divide the width, or a weight does not fit.
+        FileNotFoundError: the path does not exist.
+        ValueError: the path is not a regular file, or not one ``torch.save`` wrote (a
+            file holding pickled objects, such as a whole module saved with
+            ``torch.save(model)``, is refused with the way out: load it yourself and pass
+            its ``state_dict()``); the state dict is not of Garg et al.'s model,
+            ``n_head`` does not divide the width, ``activation_function`` is not one of
+            GPT-2's that vecinterp reads, or a weight does not fit.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -104,6 +149,12 @@ def from_garg_checkpoint(
     state = _state_dict(checkpoint)
     if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head <= 0:
         raise ValueError(f"n_head must be a positive int, got {n_head!r}")
+    if activation_function not in ACT_FROM_GPT2:
+        raise ValueError(
+            f"activation_function={activation_function!r} is not one of GPT-2's that "
+            f"vecinterp reads: {sorted(ACT_FROM_GPT2)} (Garg et al.'s is 'gelu_new', the "
+            "default)"
+        )
     n_positions, n_embd = state[f"{_PREFIX}wpe.weight"].shape
     if n_embd % n_head:
         raise ValueError(f"n_head={n_head} does not divide the width n_embd={n_embd}")

@@ -78,11 +78,18 @@ def from_hf(
     backbone's token table (``wte``) is not used: vector models feed ``inputs_embeds``.
     The new model holds copies (the source is not modified), on the backbone's device, in
     its dtype unless ``dtype`` says otherwise, in eval mode. It has no dropout: it computes
-    the source as the source computes in eval mode.
+    the source as the source computes in eval mode (a source in training mode with a
+    nonzero dropout is refused: call ``.eval()`` on it first). The MLP activation is read
+    from the backbone's activation modules, not its config. Supported ``transformers``:
+    4.46.3 to 5.24.0 (the ``hf`` extra's range; both ends are tested).
 
     Args:
-        backbone: the Hugging Face backbone, a ``transformers.GPT2Model`` (for a
-            ``GPT2LMHeadModel`` and the other models with a head, pass ``.transformer``).
+        backbone: the Hugging Face backbone: a ``transformers.GPT2Model`` (see
+            :mod:`vecinterp.interop.hf_gpt2`), or a ``LlamaModel``, ``MistralModel`` or
+            ``Qwen2Model`` (RMSNorm, rotary positions, a gated MLP, grouped-query
+            attention; see :mod:`vecinterp.interop.hf_llama`). For a model with a head,
+            pass its backbone: ``GPT2LMHeadModel.transformer``, ``LlamaForCausalLM.model``
+            (and likewise for Mistral's and Qwen2's).
         read_in: the map from input vectors to the backbone's width: an ``nn.Linear`` or
             ``(weight [d_model, d_in], bias [d_model])`` tensors in ``nn.Linear``'s layout
             (the bias may be left out).
@@ -102,8 +109,9 @@ def from_hf(
         TypeError: ``backbone`` is not a supported class, or ``read_in``/``read_out`` is
             neither an ``nn.Linear`` nor a tuple of tensors.
         ValueError: the backbone has a feature vecinterp cannot represent exactly (every
-            reason is listed; see :mod:`vecinterp.interop.hf_gpt2`), or a shape does not
-            fit.
+            reason is listed; see :mod:`vecinterp.interop.hf_gpt2` and
+            :mod:`vecinterp.interop.hf_llama`), it is in training mode with a nonzero
+            dropout, its tensors are on the meta device, or a shape does not fit.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -171,10 +179,11 @@ def to_hf(
     mode, with every dropout probability 0; the global random state is left alone.
     GPT-2 can represent a model with learned positions, ``normalization="LN"`` (or
     ``"LNPre"``, stored as LayerNorms of weight 1 and bias 0), ``act_fn`` ``"gelu_tanh"``
-    (GPT-2's ``gelu_new``), ``"gelu"``, ``"relu"`` or ``"silu"``, MLPs, causal attention and
-    ``d_model = n_heads * d_head``; anything else raises a ``ValueError`` listing every
-    reason. The backbone's token table ``wte`` has one row (``vocab_size=1``): it is not
-    used.
+    (GPT-2's ``gelu_new``), ``"gelu"``, ``"relu"`` or ``"silu"``, ungated MLPs, causal
+    attention and ``d_model = n_heads * d_head``; anything else (a gated MLP with learned
+    positions or LayerNorm, say, which neither GPT-2 nor Llama holds) raises a
+    ``ValueError`` listing every reason. The backbone's token table ``wte`` has one row
+    (``vocab_size=1``): it is not used.
 
     Args:
         model: the model to export.
@@ -182,12 +191,14 @@ def to_hf(
             transformers' choice).
 
     Returns:
-        ``(GPT2Model, read_in, read_out)``.
+        ``(GPT2Model or LlamaModel, read_in, read_out)``.
 
     Raises:
         ImportError: ``transformers`` is not installed.
         TypeError: ``model`` is not a :class:`~vecinterp.HookedVectorTransformer`.
-        ValueError: GPT-2 cannot represent the model's configuration.
+        ValueError: neither GPT-2 nor Llama can represent the model's configuration
+            (both lists of reasons are given), or the installed ``transformers``' Llama
+            cannot hold it (nonzero MLP biases without ``mlp_bias``).
 
     Example:
         >>> import torch, vecinterp as vi

@@ -21,12 +21,16 @@ heads side by side in each)
 and the configuration as ``n_embd`` -> ``d_model``, ``n_head`` -> ``n_heads`` (``d_head =
 n_embd / n_head``), ``n_layer`` -> ``n_layers``, ``n_inner`` -> ``d_mlp`` (``4 n_embd``
 when ``None``), ``layer_norm_epsilon`` -> ``eps``, ``initializer_range`` ->
-``init_range`` (``init="gpt2"``: GPT-2's initialisation), and ``activation_function``:
-``gelu_new``, ``gelu_pytorch_tanh``, ``gelu_python_tanh`` and ``gelu_fast`` -> ``gelu_tanh``
-(``gelu_fast`` writes sqrt(2/pi) with 10 digits: a relative difference of 4e-12 in the
-tanh's argument), ``gelu`` and ``gelu_python`` -> ``gelu`` (exact erf), ``relu``, ``silu``
-and ``swish`` -> ``relu`` and ``silu``. The model is causal, with learned positions and
-LayerNorm.
+``init_range`` (``init="gpt2"``: GPT-2's initialisation). The MLP activation is read from
+the modules that compute it, ``h.{i}.mlp.act``, not from the config: each is run on probe
+points in float64 and must equal one of vecinterp's ``act_fn`` to 1e-9, the same one in
+every layer, so a backbone whose ``act`` was replaced (an activation-swap experiment)
+imports as it computes, and one whose module computes none of them is refused. The
+config's ``activation_function`` names map as ``gelu_new``, ``gelu_pytorch_tanh``,
+``gelu_python_tanh`` and ``gelu_fast`` -> ``gelu_tanh`` (``gelu_fast`` writes sqrt(2/pi)
+with 10 digits: a relative difference of 4e-12 in the tanh's argument), ``gelu`` and
+``gelu_python`` -> ``gelu`` (exact erf), ``relu``, ``silu`` and ``swish`` -> ``relu`` and
+``silu``. The model is causal, with learned positions and LayerNorm.
 
 Attention scaling: vecinterp divides scores by ``sqrt(d_head)``. GPT-2 with
 ``scale_attn_weights=False`` (no division) or ``scale_attn_by_inverse_layer_idx=True``
@@ -38,12 +42,16 @@ scores): in float32 and float64 that changes only rounding, and the import is ac
 float16 or bfloat16 import is refused, since vecinterp would compute the scores in half
 precision, which the flag exists to avoid.
 
+Refused before anything else, with a ``ValueError`` saying what to do: a backbone with
+tensors on the meta device (no values), and one in training mode with a nonzero dropout
+(its outputs are random; call ``.eval()`` on it first).
+
 Refused, with every reason listed in one ``ValueError``: ``add_cross_attention=True``
 (cross-attention blocks), ``is_causal=False`` in the config (bidirectional masks, which
 transformers' SDPA path does not apply consistently), pruned heads, fused projections of
 other shapes, activation functions other than the ones above, and layer norms of
 different epsilons. Dropout (``resid_pdrop``, ``embd_pdrop``, ``attn_pdrop``) is
-ignored: the imported model computes the source in eval mode.
+ignored in eval mode: the imported model computes the source in eval mode.
 """
 
 import math
@@ -57,6 +65,7 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    check_source,
     copy_norm,
     embed_params,
     export_maps,
@@ -67,6 +76,7 @@ from ._convert import (
     linear_parts,
     ln_params,
     merge_heads_in,
+    module_activations,
     module_device_dtype,
 )
 
@@ -93,16 +103,22 @@ def _score_factor(config: Any, layer: int, d_head: int) -> float:
     return scale * math.sqrt(d_head)
 
 
-def _problems(backbone: Any, dtype: torch.dtype) -> tuple[list[str], list[float]]:
-    """Everything about ``backbone`` vecinterp cannot represent, and each norm's eps."""
+def _problems(backbone: Any, dtype: torch.dtype) -> tuple[list[str], list[float], str]:
+    """Everything about ``backbone`` vecinterp cannot represent, each norm's eps, and the
+    activation its MLPs compute (read from the modules)."""
     c = backbone.config
     d = backbone.wpe.weight.shape[1]
     problems = []
     act = c.activation_function
-    if act not in ACT_FROM_GPT2:
+    act_fn, act_problems = module_activations(
+        [(f"h.{i}.mlp.act", block.mlp.act) for i, block in enumerate(backbone.h)]
+    )
+    if act not in ACT_FROM_GPT2 and (act_problems or act_fn is None):
         problems.append(
             f"activation_function={act!r} (vecinterp has {sorted(ACT_FROM_GPT2)} of GPT-2's)"
         )
+    else:
+        problems += act_problems
     if getattr(c, "add_cross_attention", False):
         problems.append(
             "add_cross_attention=True (cross-attention to an encoder's states; vecinterp "
@@ -115,6 +131,22 @@ def _problems(backbone: Any, dtype: torch.dtype) -> tuple[list[str], list[float]
         )
     if getattr(c, "pruned_heads", None):
         problems.append(f"pruned heads {dict(c.pruned_heads)} (layers of fewer heads)")
+    impl = getattr(c, "_attn_implementation", None) or "eager"
+    unscaled = not getattr(c, "scale_attn_weights", True)
+    by_layer = bool(getattr(c, "scale_attn_by_inverse_layer_idx", False))
+    if (
+        (unscaled or by_layer)
+        and impl != "eager"
+        and any(not hasattr(b.attn, "scaling") for b in backbone.h)
+    ):
+        # transformers 4.x passes no scale to SDPA (5.x passes attn.scaling)
+        problems.append(
+            f"scale_attn_weights={not unscaled} / scale_attn_by_inverse_layer_idx={by_layer} "
+            f"with attn_implementation={impl!r}: this transformers' {impl} attention for GPT-2 "
+            "ignores both (only its eager path applies them), so the source computes two "
+            "different functions; build or load it with attn_implementation='eager' (or use "
+            "transformers >= 5, whose every path applies them)"
+        )
     if getattr(c, "reorder_and_upcast_attn", False) and dtype in _HALF:
         problems.append(
             f"reorder_and_upcast_attn=True with dtype={dtype}: GPT-2 computes the attention "
@@ -139,7 +171,7 @@ def _problems(backbone: Any, dtype: torch.dtype) -> tuple[list[str], list[float]
     eps.append(e)
     if not problems and len(set(eps)) > 1:
         problems.append(f"layer norms of different eps {sorted(set(eps))} (vecinterp has one eps)")
-    return problems, eps
+    return problems, eps, act_fn or ACT_FROM_GPT2.get(act, "")
 
 
 def from_gpt2(
@@ -151,6 +183,7 @@ def from_gpt2(
 ) -> HookedVectorTransformer:
     """:func:`vecinterp.from_hf` for a ``transformers.GPT2Model`` (see the module docstring)."""
     c = backbone.config
+    check_source(type(backbone).__name__, backbone)
     device, source_dtype = module_device_dtype(backbone)
     dtype = check_dtype(dtype, source_dtype)
     n_ctx, d = backbone.wpe.weight.shape
@@ -158,7 +191,7 @@ def from_gpt2(
     d_head = d // n_heads
     w_in = linear_parts("read_in", read_in, d_out=d)
     w_out = linear_parts("read_out", read_out, d_in=d)
-    problems, eps = _problems(backbone, dtype)
+    problems, eps, act_fn = _problems(backbone, dtype)
     fail(f"this {type(backbone).__name__} to vecinterp", problems)
 
     init_range = getattr(c, "initializer_range", None)
@@ -173,7 +206,7 @@ def from_gpt2(
         n_layers=len(backbone.h),
         n_ctx=n_ctx,
         d_mlp=backbone.h[0].mlp.c_fc.weight.shape[1] if len(backbone.h) else None,
-        act_fn=ACT_FROM_GPT2[c.activation_function],
+        act_fn=act_fn,
         normalization="LN",
         positional="learned",
         causal=True,
@@ -220,6 +253,11 @@ def to_gpt2(
         problems.append(f"normalization={cfg.normalization!r} (GPT-2 has LayerNorm)")
     if cfg.attn_only:
         problems.append("attn_only=True (GPT-2's blocks have MLPs)")
+    elif cfg.gated_mlp:
+        problems.append(
+            "gated_mlp=True (GPT-2's MLP has no gate: W_gate and b_gate would be dropped; "
+            "Llama holds a gated MLP with rotary positions and RMSNorm)"
+        )
     if not cfg.causal:
         problems.append("causal=False (GPT-2 is causal)")
     if cfg.d_model != cfg.n_heads * cfg.d_head:

@@ -31,7 +31,10 @@ A projection without a bias gets a zero one. The configuration maps ``hidden_siz
 ``rms_norm_eps`` -> ``eps``, the rotary base ``rope_theta`` -> ``rotary_base``
 (``positional="rotary"``: vecinterp's rotary embedding is the same "rotate half" layout),
 ``hidden_act`` -> ``act_fn`` (``silu``/``swish``, ``gelu``, ``relu``, and the tanh
-approximations ``gelu_pytorch_tanh``/``gelu_new`` -> ``gelu_tanh``), and
+approximations ``gelu_pytorch_tanh``/``gelu_new`` -> ``gelu_tanh``; the activation itself
+is read from the modules that compute it, ``layers.{i}.mlp.act_fn``, run on probe points
+in float64 as for GPT-2 (:mod:`vecinterp.interop.hf_gpt2`), so a swapped activation imports
+as it computes and one that is none of vecinterp's is refused), and
 ``max_position_embeddings`` -> ``n_ctx`` unless ``n_ctx`` is given (each attention layer
 of a vecinterp model keeps an ``n_ctx x n_ctx`` mask, so a backbone configured for long
 contexts is imported for the lengths it will be used with). The model is causal.
@@ -50,7 +53,9 @@ window, where the window changes nothing), normalization layers or submodules ot
 Llama's (Qwen3's query/key norms, Gemma's ``1 + w`` RMSNorm: other classes are refused by
 :func:`vecinterp.from_hf` before they get here), activation functions other than the ones
 above, norms of different epsilons, and projections of unexpected shapes. Dropout
-(``attention_dropout``) is ignored: the imported model computes the source in eval mode.
+(``attention_dropout``) is ignored in eval mode: the imported model computes the source in
+eval mode; a backbone in training mode with a nonzero ``attention_dropout``, and one with
+tensors on the meta device, are refused first (see :mod:`vecinterp.interop.hf_gpt2`).
 """
 
 from typing import Any
@@ -63,6 +68,7 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    check_source,
     copy_norm,
     embed_params,
     export_maps,
@@ -71,8 +77,10 @@ from ._convert import (
     heads_out,
     linear_parts,
     merge_heads_in,
+    module_activations,
     module_device_dtype,
 )
+from .hf import transformers_module
 
 ACT_FROM_LLAMA = {
     "silu": "silu",
@@ -92,15 +100,54 @@ _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layern
 MAX_DEFAULT_N_CTX = 4096
 
 
-def _rope(c: Any) -> tuple[str, float | None, float]:
+def rope_in_parameters(transformers: Any) -> bool:
+    """Whether this ``transformers`` reads the rotary settings from ``rope_parameters``
+    (5.x) rather than from ``rope_theta`` / ``rope_scaling`` (4.x)."""
+    return int(str(transformers.__version__).split(".")[0]) >= 5
+
+
+def _rope(c: Any, in_parameters: bool) -> tuple[str, float | None, float]:
     """``(rope_type, rope_theta, partial_rotary_factor)`` from a transformers 5 config
-    (``rope_parameters``) or a 4.x one (``rope_theta``, ``rope_scaling``)."""
-    params = dict(getattr(c, "rope_parameters", None) or {})
-    scaling = dict(getattr(c, "rope_scaling", None) or {})
-    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    theta = params.get("rope_theta", getattr(c, "rope_theta", None))
-    partial = params.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+    (``rope_parameters``) or a 4.x one (``rope_theta``, ``rope_scaling``): from the fields
+    the installed version reads (a 4.x config may carry a ``rope_parameters`` attribute
+    that 4.x never reads, and the other way round)."""
+    if in_parameters:
+        params = dict(getattr(c, "rope_parameters", None) or {})
+        rope_type = params.get("rope_type", "default")
+        theta = params.get("rope_theta")
+        partial = params.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+    else:
+        scaling = dict(getattr(c, "rope_scaling", None) or {})
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        theta = getattr(c, "rope_theta", None)
+        partial = getattr(c, "partial_rotary_factor", 1.0)
     return str(rope_type), None if theta is None else float(theta), float(partial or 1.0)
+
+
+# the rotary embeddings computing the default, unscaled rotation (4.40-4.46 keep one in
+# every attention layer, later versions one in the model)
+_ROTARY = ("LlamaRotaryEmbedding", "MistralRotaryEmbedding", "Qwen2RotaryEmbedding")
+
+
+def rotary_problems(backbone: Any, theta: float, d_head: int) -> list[str]:
+    """Why the rotary embeddings of ``backbone`` do not rotate by ``theta`` (each one's
+    ``inv_freq`` is ``theta ** (-2k / d_head)``, computed in float32 by transformers):
+    empty when they all do."""
+    expected = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    problems = []
+    for name, module in backbone.named_modules():
+        inv_freq = getattr(module, "inv_freq", None)
+        if not name.endswith("rotary_emb") or not isinstance(inv_freq, torch.Tensor):
+            continue
+        found = inv_freq.detach().to(device="cpu", dtype=torch.float64)
+        if found.shape != expected.shape or not bool(
+            ((found - expected).abs() <= 1e-6 * expected).all()
+        ):
+            problems.append(
+                f"{name}.inv_freq is not rope_theta={theta:g}'s (the config and the rotary "
+                "embedding disagree: the config's rotary base is not what the model uses)"
+            )
+    return problems
 
 
 def _sliding_windows(c: Any) -> list[int]:
@@ -117,14 +164,23 @@ def _sliding_windows(c: Any) -> list[int]:
     return [int(window)]
 
 
-def _problems(backbone: Any, n_ctx: int) -> tuple[list[str], list[float]]:
-    """Everything about ``backbone`` vecinterp cannot represent, and each norm's eps."""
+def _problems(backbone: Any, n_ctx: int, in_parameters: bool) -> tuple[list[str], list[float], str]:
+    """Everything about ``backbone`` vecinterp cannot represent, each norm's eps, and the
+    activation its MLPs compute (read from the modules)."""
     c = backbone.config
     problems = []
     act = getattr(c, "hidden_act", None)
-    if act not in ACT_FROM_LLAMA:
+    act_fn, act_problems = module_activations(
+        [
+            (f"layers.{i}.mlp.act_fn", getattr(layer.mlp, "act_fn", None))
+            for i, layer in enumerate(backbone.layers)
+        ]
+    )
+    if act not in ACT_FROM_LLAMA and (act_problems or act_fn is None):
         problems.append(f"hidden_act={act!r} (vecinterp has {sorted(ACT_FROM_LLAMA)} of these)")
-    rope_type, theta, partial = _rope(c)
+    else:
+        problems += act_problems
+    rope_type, theta, partial = _rope(c, in_parameters)
     if rope_type != "default":
         problems.append(
             f"rope_type={rope_type!r} (rotary scaling; vecinterp's rotary embedding is the "
@@ -146,8 +202,11 @@ def _problems(backbone: Any, n_ctx: int) -> tuple[list[str], list[float]]:
     eps: list[float] = []
     for i, layer in enumerate(backbone.layers):
         extra = {name for name, _ in layer.named_children()} - _LAYER_CHILDREN
-        extra |= {f"self_attn.{n}" for n, _ in layer.self_attn.named_children()} - {
-            f"self_attn.{n}" for n in _ATTN_CHILDREN
+        extra |= {
+            f"self_attn.{n}"
+            for n, child in layer.self_attn.named_children()
+            if n not in _ATTN_CHILDREN
+            and not (n == "rotary_emb" and type(child).__name__ in _ROTARY)
         }
         extra |= {f"mlp.{n}" for n, _ in layer.mlp.named_children()} - {
             f"mlp.{n}" for n in _MLP_CHILDREN
@@ -162,7 +221,10 @@ def _problems(backbone: Any, n_ctx: int) -> tuple[list[str], list[float]]:
     problems += _rms_problems("norm", getattr(backbone, "norm", None), eps)
     if not problems and len(set(eps)) > 1:
         problems.append(f"norms of different eps {sorted(set(eps))} (vecinterp has one eps)")
-    return problems, eps
+    if not problems and theta is not None:
+        d_head = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        problems += rotary_problems(backbone, theta, d_head)
+    return problems, eps, act_fn or ACT_FROM_LLAMA.get(str(act), "")
 
 
 def _rms_problems(name: str, norm: object, eps: list[float]) -> list[str]:
@@ -193,6 +255,7 @@ def from_llama(
     """:func:`vecinterp.from_hf` for a ``transformers.LlamaModel``, ``MistralModel`` or
     ``Qwen2Model`` (see the module docstring)."""
     c = backbone.config
+    check_source(type(backbone).__name__, backbone)
     device, source_dtype = module_device_dtype(backbone)
     dtype = check_dtype(dtype, source_dtype)
     d = int(c.hidden_size)
@@ -211,7 +274,8 @@ def from_llama(
         raise ValueError(f"n_ctx must be a positive int, got {n_ctx!r}")
     w_in = linear_parts("read_in", read_in, d_out=d)
     w_out = linear_parts("read_out", read_out, d_in=d)
-    problems, eps = _problems(backbone, n_ctx)
+    in_parameters = rope_in_parameters(transformers_module())
+    problems, eps, act_fn = _problems(backbone, n_ctx, in_parameters)
     fail(f"this {type(backbone).__name__} to vecinterp", problems)
 
     layers = list(backbone.layers)
@@ -229,10 +293,10 @@ def from_llama(
         n_layers=len(layers),
         n_ctx=n_ctx,
         d_mlp=d_mlp,
-        act_fn=ACT_FROM_LLAMA[c.hidden_act],
+        act_fn=act_fn,
         normalization="RMS",
         positional="rotary",
-        rotary_base=_rope(c)[1] or 10000.0,
+        rotary_base=_rope(c, in_parameters)[1] or 10000.0,
         gated_mlp=True,
         causal=True,
         embed_bias=w_in[1] is not None,
@@ -318,16 +382,31 @@ def to_llama(
         hidden_act=ACT_TO_LLAMA[cfg.act_fn],
         max_position_embeddings=cfg.n_ctx,
         rms_norm_eps=cfg.eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rotary_base},
         attention_bias=attention_bias,
         mlp_bias=mlp_bias,
         attention_dropout=0.0,
         initializer_range=cfg.init_std,
         use_cache=False,
         **extra,
+        # the field this version reads: rope_theta in 4.x, rope_parameters in 5.x
+        **(
+            {"rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base}}
+            if rope_in_parameters(transformers)
+            else {"rope_theta": cfg.rotary_base}
+        ),
     )
     with torch.random.fork_rng(devices=[]):  # the initialisation is overwritten below
         backbone = transformers.LlamaModel(config)
+    problems = rotary_problems(backbone, cfg.rotary_base, cfg.d_head)
+    if mlp_bias and any(layer.mlp.up_proj.bias is None for layer in backbone.layers):
+        problems.append(
+            f"the MLP biases are nonzero, and transformers {transformers.__version__}'s "
+            "LlamaModel has none (mlp_bias); upgrade transformers, or export a model whose "
+            "b_gate, b_in and b_out are zero"
+        )
+    fail(
+        f"this HookedVectorTransformer to transformers {transformers.__version__}'s Llama", problems
+    )
     backbone.to(device=W_E.device, dtype=W_E.dtype)
     read_in, read_out = export_maps(model)
 

@@ -48,7 +48,10 @@ Refused, with every reason listed in one ``ValueError``:
 - ``add_bias_kv``, ``add_zero_attn``, norms that are not ``nn.LayerNorm`` or have
   different eps, and layers of different shapes.
 
-Dropout is ignored: the imported model computes the source in eval mode. PyTorch's fused
+Refused first, with what to do: an encoder with tensors on the meta device (no values),
+and one in training mode with a nonzero dropout (its outputs are random; call ``.eval()``
+on it first). Dropout is ignored in eval mode: the imported model computes the source in
+eval mode. PyTorch's fused
 eval-mode path (no gradients, ``batch_first=True``) computes the same function (the tests
 compare against both paths); its nested-tensor path for padding masks is never taken by
 a pre-norm encoder (PyTorch turns it off for ``norm_first=True``), and vecinterp has no
@@ -68,6 +71,7 @@ from ..model.transformer import HookedVectorTransformer
 from ._convert import (
     build_model,
     check_dtype,
+    check_source,
     copy_norm,
     embed_params,
     export_maps,
@@ -232,6 +236,7 @@ def from_torch_encoder(
         if not isinstance(layer, nn.TransformerEncoderLayer)
     ]
     fail("this nn.TransformerEncoder to vecinterp", wrong or ([] if layers else ["no layers"]))
+    check_source("the nn.TransformerEncoder", encoder)
     first: Any = layers[0]
     d = first.self_attn.embed_dim
     device, source_dtype = module_device_dtype(encoder)
@@ -349,7 +354,7 @@ def to_torch_encoder(
     ``None`` (``"none"``). The encoder is ``batch_first=True``, ``norm_first=True``,
     without dropout, in eval mode, on ``model``'s device and dtype; the global random state
     is left alone. Exportable: ``normalization`` ``"LN"`` or ``"LNPre"``, ``act_fn``
-    ``"relu"`` or ``"gelu"``, learned or no positions, MLPs, ``d_model = n_heads *
+    ``"relu"`` or ``"gelu"``, learned or no positions, ungated MLPs, ``d_model = n_heads *
     d_head``; anything else raises a ``ValueError`` listing every reason.
 
     Args:
@@ -389,6 +394,11 @@ def to_torch_encoder(
         )
     if cfg.attn_only:
         problems.append("attn_only=True (nn.TransformerEncoderLayer has an MLP)")
+    elif cfg.gated_mlp:
+        problems.append(
+            "gated_mlp=True (nn.TransformerEncoderLayer's MLP has no gate: W_gate and b_gate "
+            "would be dropped)"
+        )
     if cfg.d_model != cfg.n_heads * cfg.d_head:
         problems.append(
             f"d_model={cfg.d_model} != n_heads * d_head = {cfg.n_heads * cfg.d_head} "
