@@ -65,7 +65,7 @@ def main() -> None:
     if args.n_head is not None and not args.checkpoint:
         parser.error("--n-head is the number of heads of --checkpoint's model: give both")
     start = time.perf_counter()
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(vi.choose_threads())  # the idle cores: see getting started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
