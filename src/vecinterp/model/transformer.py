@@ -709,6 +709,21 @@ def _run_eagerly(model: HookedVectorTransformer, x: torch.Tensor, **kwargs: Any)
     return model.forward(x, **kwargs)
 
 
+# What torch.compile(model, fullgraph=True) says when a hooked call cannot leave the graph:
+# dynamo reads a skipped function's `_torchdynamo_disable_msg` into its error (which
+# otherwise tells the user to file an issue with PyTorch)
+_run_eagerly._torchdynamo_disable = True  # type: ignore[attr-defined]
+_run_eagerly._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+    "a HookedVectorTransformer compiled with fullgraph=True was called with hooks attached "
+    "(add_hook, a hooks() context, run_with_hooks, run_with_cache, or a PyTorch module hook "
+    "such as register_forward_hook or register_module_forward_hook). Hooks run in Python, "
+    "so a hooked call cannot be one graph, and vecinterp will not run it without its hooks. "
+    "Remove the hooks before calling the compiled model; or call the original model (or "
+    "compiled.run_with_hooks / compiled.run_with_cache, which run it eagerly); or compile "
+    "without fullgraph=True, where hooked calls run eagerly (a CompiledHooksWarning says so)"
+)
+
+
 class CompiledHooksWarning(UserWarning):
     """Warned (once, under Python's default warning filter) when a ``torch.compile``-d
     :class:`HookedVectorTransformer` is called with hooks attached (``add_hook``, a
