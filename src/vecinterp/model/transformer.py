@@ -714,13 +714,9 @@ def _run_eagerly(model: HookedVectorTransformer, x: torch.Tensor, **kwargs: Any)
 # otherwise tells the user to file an issue with PyTorch)
 _run_eagerly._torchdynamo_disable = True  # type: ignore[attr-defined]
 _run_eagerly._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
-    "a HookedVectorTransformer compiled with fullgraph=True was called with hooks attached "
-    "(add_hook, a hooks() context, run_with_hooks, run_with_cache, or a PyTorch module hook "
-    "such as register_forward_hook or register_module_forward_hook). Hooks run in Python, "
-    "so a hooked call cannot be one graph, and vecinterp will not run it without its hooks. "
-    "Remove the hooks before calling the compiled model; or call the original model (or "
-    "compiled.run_with_hooks / compiled.run_with_cache, which run it eagerly); or compile "
-    "without fullgraph=True, where hooked calls run eagerly (a CompiledHooksWarning says so)"
+    "a HookedVectorTransformer compiled with fullgraph=True was called with hooks attached: "
+    "remove the hooks, call the model itself (or compiled.run_with_hooks), or compile "
+    "without fullgraph=True (hooked calls then run eagerly)"
 )
 
 
