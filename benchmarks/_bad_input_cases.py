@@ -772,6 +772,34 @@ def forward_cases(c: Catalogue) -> None:
         names=("W_Q", "blocks.0.attn.W_Q"),
         expect=("NaN", "finite"),
     )
+    c.add(
+        "token ids [batch, pos] (int64), as TransformerLens takes",
+        "forward",
+        lambda fx: fx.model()(torch.zeros(2, 5, dtype=torch.long)),
+        names=("x", "torch.int64"),
+        expect=("token ids", "float vectors", "HookedTransformer"),
+    )
+
+    def float16_big_residual(fx: Fx) -> Any:
+        # a float16 model whose residual stream reaches |x| ~ 500: x² overflows float16
+        model = fx.model()
+        with torch.no_grad():
+            model.embed.W_E.mul_(500.0 / float(model.embed(fx.x()).abs().max()))
+        return model(fx.x()), model.to(torch.float16)(fx.x(dtype=torch.float16))
+
+    def _close_to_float32(r: Any, fx: Fx) -> str | None:
+        want, got = r[0].double(), r[1].double()
+        err = float((got - want).abs().max() / want.abs().max())
+        return None if err < 5e-3 else f"float16 output {err:.2g} off the float32 model's"
+
+    c.add(
+        "float16 model whose residual reaches ~500 (norm statistics)",
+        "forward",
+        float16_big_residual,
+        ok_if_accepted=True,
+        check=_close_to_float32,
+        scan=lambda r: r[1],
+    )
 
 
 def hook_cases(c: Catalogue) -> None:
@@ -950,6 +978,52 @@ def hook_cases(c: Catalogue) -> None:
 
     c.add(
         "a hook that raises leaves no hook behind", "hooks", hook_left_behind, ok_if_accepted=True
+    )
+
+    def torch_hook_after_compiled_call(fx: Fx) -> Any:
+        import warnings
+
+        model, x = fx.model(), fx.x()
+        compiled = torch.compile(model, backend="eager")
+        compiled(x)
+        point = model.hook_dict[name]
+        handle = point.register_forward_hook(lambda m, args, out: torch.zeros_like(out))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", vi.CompiledHooksWarning)
+                return compiled(x), model(x)
+        finally:
+            handle.remove()
+            torch._dynamo.reset()
+
+    c.add(
+        "register_forward_hook on a hook point after a compiled call",
+        "hooks",
+        torch_hook_after_compiled_call,
+        ok_if_accepted=True,
+        check=lambda r, fx: (
+            None if torch.equal(r[0], r[1]) else "the compiled call ignored the PyTorch hook"
+        ),
+        scan=lambda r: r[0],
+    )
+
+    def fullgraph_with_a_hook(fx: Fx) -> Any:
+        model, x = fx.model(), fx.x()
+        strict = torch.compile(model, backend="eager", fullgraph=True)
+        try:
+            strict(x)
+            model.add_hook(name, ident)
+            return strict(x)
+        finally:
+            model.reset_hooks()
+            torch._dynamo.reset()
+
+    c.add(
+        "torch.compile(fullgraph=True) called with a hook attached",
+        "hooks",
+        fullgraph_with_a_hook,
+        names=("fullgraph=True", "hooks attached"),
+        expect=("run_with_hooks", "without fullgraph"),
     )
 
 
@@ -1413,6 +1487,43 @@ def processing_cases(c: Catalogue) -> None:
         names=("W_Q", "blocks.0.attn.W_Q"),
         expect=("inf", "finite"),
     )
+
+    def rms_processed(fx: Fx) -> Any:
+        model = fx.model(dtype=torch.float64, normalization="RMS")
+        x = fx.x(dtype=torch.float64)
+        return model(x), vi.process_weights(model)(x)
+
+    c.add(
+        "process_weights of an RMS model with the defaults (center_writing_weights=True)",
+        "processing",
+        rms_processed,
+        ok_if_accepted=True,
+        check=lambda r, fx: (
+            None
+            if float((r[0] - r[1]).abs().max()) < 1e-12
+            else "process_weights changed the RMS model's output"
+        ),
+        scan=lambda r: r[1],
+    )
+    for attr, write in (
+        ("W_V", lambda t: t.copy_(torch.zeros_like(t))),
+        ("b_V", lambda t: t.normal_()),
+        ("W_K", lambda t: t.__setitem__(0, 0.0)),
+        ("b_K", lambda t: t.zero_()),
+    ):
+
+        def gqa_write(fx: Fx, a: str = attr, w: Any = write) -> Any:
+            model = fx.model(n_heads=4, d_head=4, n_key_value_heads=2)
+            with torch.no_grad():
+                return w(getattr(model.blocks[0].attn, a))
+
+        c.add(
+            f"write into a grouped-query model's attn.{attr} (an expanded copy)",
+            "processing",
+            gqa_write,
+            names=(attr, "_" + attr),
+            expect=("kv_parameters", "expanded"),
+        )
 
 
 def save_load_cases(c: Catalogue) -> None:

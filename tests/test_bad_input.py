@@ -86,12 +86,20 @@ def test_non_finite_input(model, x, bad):
 def test_integer_input(model):
     x_int = torch.zeros(2, 7, 3, dtype=torch.int64)
     with unchecked():
-        with pytest.raises(
-            TypeError, match="floating-point x with the model's dtype torch.float64"
-        ):
+        with pytest.raises(TypeError, match=r"torch.float64\) shaped \[batch, pos, d_in\]"):
             model(x_int)
     with pytest.raises(TypeError):
         model(x_int)
+    # token ids [batch, pos]: the dtype is named before the rank (before: "add a batch
+    # axis with x.unsqueeze(0)"), with where token models go
+    tokens = torch.zeros(2, 7, dtype=torch.int64)
+    with unchecked(), pytest.raises(TypeError) as info:
+        model(tokens)
+    message = str(info.value)
+    assert "x has dtype torch.int64, shape (2, 7)" in message
+    assert "float vectors [batch, pos, d_in=3], not token ids" in message
+    assert "TransformerLens's HookedTransformer" in message
+    assert "unsqueeze" not in message
 
 
 def test_float64_input_to_a_float32_model():

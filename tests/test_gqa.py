@@ -314,6 +314,56 @@ def test_per_query_head_key_edits_are_refused():
     vi.path_patching(model, x, x + 1, lambda y: y.sum(), (0, 1), (1, 0, "q"))
 
 
+_WRITES = {
+    "copy_": lambda t: t.copy_(torch.zeros_like(t)),
+    "normal_": lambda t: t.normal_(),
+    "zero_": lambda t: t.zero_(),
+    "setitem": lambda t: t.__setitem__(0, 1.0),
+    "view add_": lambda t: t[0].add_(1.0),
+    "detach fill_": lambda t: t.detach().fill_(2.0),
+    "+=": lambda t: t.__iadd__(1.0),
+    "nn.init": lambda t: torch.nn.init.normal_(t),
+    "out=": lambda t: torch.mul(t.detach().clone(), 2.0, out=t),
+    ".data =": lambda t: setattr(t, "data", torch.zeros_like(t)),
+}
+
+
+@pytest.mark.parametrize("name", ["W_K", "W_V", "b_K", "b_V"])
+@pytest.mark.parametrize("write", _WRITES.values(), ids=_WRITES.keys())
+def test_writes_into_the_expanded_key_value_weights_raise(name, write):
+    # before, each of these wrote into a new tensor and the model stayed as it was
+    model = random_model(gqa_cfg())
+    attn = model.blocks[0].attn
+    before = {n: p.detach().clone() for n, p in attn.named_parameters()}
+    with torch.no_grad(), pytest.raises(RuntimeError, match=f"Write _{name} "):
+        write(getattr(attn, name))
+    for n, p in attn.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+
+def test_expanded_key_value_weights_still_read_as_tensors():
+    model = random_model(gqa_cfg())
+    attn = model.blocks[0].attn
+    W_V = attn.W_V
+    # new tensors computed from them are ordinary (writable) tensors
+    product = W_V @ attn.W_O
+    assert type(product) is torch.Tensor and type(W_V.clone()) is torch.Tensor
+    product.zero_()
+    W_V.detach().clone().zero_()
+    # a source of a copy, and gradients flow to the stored _W_V
+    target = torch.empty(4, 8, 4, dtype=W_V.dtype)
+    target.copy_(W_V)
+    assert torch.equal(target, attn._W_V.repeat_interleave(2, dim=0))
+    (attn.W_V * torch.arange(4.0, dtype=W_V.dtype)[:, None, None]).sum().backward()
+    # kv head g serves query heads 2g and 2g + 1: gradient 2g + 2g + 1 per entry
+    expected = torch.tensor([1.0, 5.0], dtype=W_V.dtype)[:, None, None].expand(2, 8, 4)
+    assert torch.equal(attn._W_V.grad, expected)
+    # writing the stored parameter is the way, and reading W_V shows it
+    with torch.no_grad():
+        attn.kv_parameters()[2].zero_()
+    assert bool((attn.W_V == 0).all())
+
+
 # -- init, save/load, training --------------------------------------------------------------
 
 

@@ -364,15 +364,19 @@ def test_center_writing_weights_refuses_non_mean_removing_norms(norm):
 def test_process_weights_on_non_mean_removing_norms(norm):
     cfg = tiny_cfg(normalization=norm, embed_bias=True)
     model = random_model(cfg)
-    with pytest.raises(ValueError, match="center_writing_weights"):
-        vi.process_weights(model)
-    new = vi.process_weights(model, center_writing_weights=False)
+    # the defaults: the centring RMS cannot take is skipped, as TransformerLens skips it
+    # (before, the defaults raised on every RMS model); the other steps run
+    new = vi.process_weights(model)
     assert new.cfg.normalization == {"RMS": "RMSPre", "RMSPre": "RMSPre", None: None}[norm]
     for block in new.blocks:
         assert torch.equal(block.attn.b_V, torch.zeros_like(block.attn.b_V))
     x = random_input(cfg)
     with torch.no_grad():
         assert max_diff(new(x), model(x)) <= F64_TOL
+    # the same model as without the centring, to the bit
+    uncentred = vi.process_weights(model, center_writing_weights=False)
+    assert_same_state(new, snapshot(uncentred))
+    assert_same_state(uncentred, snapshot(vi.fold_value_biases(vi.fold_layer_norm(model))))
 
 
 def test_process_weights_is_the_composition():

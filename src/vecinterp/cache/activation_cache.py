@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from jaxtyping import Float
 
+from ..model.components.norm import statistics_dtype
 from .names import _PER_BLOCK, _TOP, _norm_point, _resid_points, act_name
 from .weights_record import (
     _changed_values,
@@ -602,10 +603,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             return stack
         self._check_weights(what)
         ln = cast("Norm", self.model.ln_final)
-        x = stack
+        dtype = stack.dtype
+        x = stack.to(statistics_dtype(dtype))  # float32 for half precision, as the norm
         if ln.centre:
             x = x - x.mean(-1, keepdim=True)
-        x = x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()
+        x = (x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()).to(dtype)
         if ln.w is None:
             return x
         w = ln.w.detach().to(x.device)
@@ -649,10 +651,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
                 f"residual_stack [..., batch, pos, d_model] {tuple(residual_stack.shape)} does not "
                 f"match the cached scale's batch and pos {tuple(scale.shape[:2])}"
             )
-        x = residual_stack
+        dtype = residual_stack.dtype
+        # the norm's precision: a half-precision model's scale is float32 (see Norm)
+        x = residual_stack.to(torch.promote_types(dtype, scale.dtype))
         if ln.centre:
             x = x - x.mean(-1, keepdim=True)
         x = x / scale
+        if statistics_dtype(dtype) != dtype:  # half precision: back to the stack's dtype
+            x = x.to(dtype)
         if ln.w is not None:
             x = x * ln.w.detach().to(x.device)
         return x

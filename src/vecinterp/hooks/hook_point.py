@@ -2,7 +2,8 @@
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -28,6 +29,23 @@ _set = object.__setattr__
 # activation before the point's hooks run and after, so that it can keep what flowed at
 # every point and see which hooks edited. Never read on the no-hook fast path.
 _RECORDER = threading.local()
+
+# PyTorch's global module hook dicts (register_module_forward_hook and its kin), as live
+# read-only views. torch.compile does not guard on the dicts it reads as a module's or
+# torch's hook dicts (dynamo's `skip_nnmodule_hook_guards`), and it knows a dict by its
+# identity wherever it is read, so a graph traced without hooks would go on running when
+# one is added. A view is another object: dynamo guards its length like any mapping's,
+# so adding or removing a PyTorch hook is seen at the next compiled call. Each point's
+# own dicts are read through such views too (`HookPoint._torch_hooks`).
+_GLOBAL_HOOK_DICTS = tuple(
+    MappingProxyType(d)
+    for d in (
+        _module._global_forward_hooks,
+        _module._global_forward_pre_hooks,
+        _module._global_backward_hooks,
+        _module._global_backward_pre_hooks,
+    )
+)
 
 
 class HookHandle:
@@ -120,12 +138,32 @@ class HookPoint(nn.Module):
         [torch.Size([4, 2, 5, 5])]
     """
 
+    _torch_hooks: tuple[MappingProxyType[Any, Any], ...]
+
     def __init__(self) -> None:
         super().__init__()
         self.name: str = ""
         # never edited in place (see _EDIT_LOCK): a new list replaces the old one
         self._fwd: list[HookHandle] = []
         self._bwd: list[HookHandle] = []
+        self._alias_torch_hooks()
+
+    def _alias_torch_hooks(self) -> None:
+        # live read-only views of this point's PyTorch hook dicts, which __call__ and
+        # idle() read so that a compiled model sees hooks added later (_GLOBAL_HOOK_DICTS)
+        _set(
+            self,
+            "_torch_hooks",
+            tuple(
+                MappingProxyType(d)
+                for d in (
+                    self._forward_hooks,
+                    self._forward_pre_hooks,
+                    self._backward_hooks,
+                    self._backward_pre_hooks,
+                )
+            ),
+        )
 
     def add_hook(self, fn: HookFn, dir: str = "fwd", is_permanent: bool = False) -> HookHandle:
         """Attach ``fn`` for every thread; returns a handle whose ``remove()`` detaches it.
@@ -178,13 +216,7 @@ class HookPoint(nn.Module):
         What leaves the point is what PyTorch's hooks leave: a ``run_with_cache``
         recording keeps that (not the value before a PyTorch forward hook edited it) and
         counts their edits as edits of the point."""
-        if (
-            self._forward_hooks
-            or self._forward_pre_hooks
-            or self._backward_hooks
-            or self._backward_pre_hooks
-            or _torch_module_hooks()
-        ):
+        if _hooked(self._torch_hooks) or _torch_module_hooks():
             recorder = getattr(_RECORDER, "current", None)
             if recorder is not None:
                 return recorder.through(self, x, super().__call__)
@@ -222,7 +254,12 @@ class HookPoint(nn.Module):
         state = super().__getstate__()
         for attr in ("_fwd", "_bwd"):
             state[attr] = [h for h in state[attr] if h.owner is None]
+        state.pop("_torch_hooks", None)  # rebuilt from the copy's own dicts
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._alias_torch_hooks()
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
@@ -251,15 +288,9 @@ def idle(*points: nn.Module) -> bool:
         (False, False)
     """
     for p in points:
-        if (
-            type(p) is not HookPoint
-            or p._fwd
-            or p._bwd
-            or p._forward_hooks
-            or p._forward_pre_hooks
-            or p._backward_hooks
-            or p._backward_pre_hooks
-        ):
+        if type(p) is not HookPoint or p._fwd or p._bwd:
+            return False
+        if _hooked(cast(HookPoint, p)._torch_hooks):
             return False
     return not _torch_module_hooks()
 
@@ -306,12 +337,13 @@ def _remove_all(handles: list[HookHandle]) -> None:
 def _torch_module_hooks() -> bool:
     """Whether PyTorch's global module hooks are set (``register_module_forward_hook``
     and its kin), which apply to every module's call, hook points included."""
-    return bool(
-        _module._global_forward_hooks
-        or _module._global_forward_pre_hooks
-        or _module._global_backward_hooks
-        or _module._global_backward_pre_hooks
-    )
+    return _hooked(_GLOBAL_HOOK_DICTS)
+
+
+def _hooked(views: tuple[MappingProxyType[Any, Any], ...]) -> bool:
+    """Whether any of four hook-dict views holds a hook (``len``: dynamo reads a view's
+    length, and guards it, but not its truth value)."""
+    return bool(len(views[0]) or len(views[1]) or len(views[2]) or len(views[3]))
 
 
 def _visible(handles: list[HookHandle]) -> Iterator[HookHandle]:

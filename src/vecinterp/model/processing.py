@@ -202,8 +202,9 @@ def fold_value_biases(model: HookedVectorTransformer) -> HookedVectorTransformer
         >>> import torch, vecinterp as vi
         >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
         ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
-        >>> with torch.no_grad():
-        ...     _ = model.blocks[0].attn.b_V.normal_()  # b_V [n_heads, d_head]
+        >>> b_V = model.blocks[0].attn.kv_parameters()[3]  # the stored value bias
+        >>> with torch.no_grad():  # (b_V [n_heads, d_head]; a grouped-query model's _b_V)
+        ...     _ = b_V.normal_()
         >>> folded = vi.fold_value_biases(model)
         >>> bool(folded.blocks[0].attn.b_V.eq(0).all())
         True
@@ -230,10 +231,14 @@ def process_weights(
     """Apply the exact weight transformations in the standard order.
 
     ``fold_layer_norm`` → ``center_writing_weights`` → ``fold_value_biases``. Each step
-    keeps the outputs; ``center_writing_weights`` raises for models whose norm does
-    not remove the mean (RMS, RMSPre, none): pass ``center_writing_weights=False``.
-    The three flags must be bools (a string such as ``"no"`` is refused, not read as
-    true), and a model with a NaN or inf weight is refused with the parameter named.
+    keeps the outputs. Centring the writing weights is exact only where every norm
+    removes the mean (``normalization`` ``"LN"`` or ``"LNPre"``), so on any other model
+    (``"RMS"``, ``"RMSPre"`` — every Llama, Mistral or Qwen2 import — or none) it is
+    skipped, whatever ``center_writing_weights`` says, as TransformerLens's
+    ``process_weights`` skips it; the other steps run. (Called alone,
+    :func:`center_writing_weights` refuses such a model.) The three flags must
+    be bools (a string such as ``"no"`` is refused, not read as true), and a model with
+    a NaN or inf weight is refused with the parameter named.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -254,8 +259,8 @@ def process_weights(
     new = model
     if fold_ln:
         new = fold_layer_norm(new)
-    if center_writing_weights:
-        new = _center_writing_weights(new)
+    if center_writing_weights and model.cfg.normalization in ("LN", "LNPre"):
+        new = _center_writing_weights(new)  # exact only after a mean-removing norm
     if fold_value_biases:
         new = _fold_value_biases(new)
     return new if new is not model else _copy(model, model.cfg)

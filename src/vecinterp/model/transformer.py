@@ -709,6 +709,17 @@ def _run_eagerly(model: HookedVectorTransformer, x: torch.Tensor, **kwargs: Any)
     return model.forward(x, **kwargs)
 
 
+# What torch.compile(model, fullgraph=True) says when a hooked call cannot leave the graph:
+# dynamo reads a skipped function's `_torchdynamo_disable_msg` into its error (which
+# otherwise tells the user to file an issue with PyTorch)
+_run_eagerly._torchdynamo_disable = True  # type: ignore[attr-defined]
+_run_eagerly._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+    "a HookedVectorTransformer compiled with fullgraph=True was called with hooks attached: "
+    "remove the hooks, call the model itself (or compiled.run_with_hooks), or compile "
+    "without fullgraph=True (hooked calls then run eagerly)"
+)
+
+
 class CompiledHooksWarning(UserWarning):
     """Warned (once, under Python's default warning filter) when a ``torch.compile``-d
     :class:`HookedVectorTransformer` is called with hooks attached (``add_hook``, a

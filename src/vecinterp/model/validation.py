@@ -31,6 +31,15 @@ def check_input(
         raise TypeError(
             f"expected {name} as a torch.Tensor [batch, pos, {axis}], got {type(x).__name__}"
         )
+    if not x.is_floating_point() and not x.is_complex():
+        # the dtype before the rank: token ids [batch, pos] are not a missing batch axis
+        raise TypeError(
+            f"{name} has dtype {x.dtype}, shape {tuple(x.shape)}: vecinterp models take "
+            f"float vectors [batch, pos, {axis}={width}], not token ids (there is no "
+            "tokenizer or vocabulary). For a language model on tokens use TransformerLens's "
+            f"HookedTransformer; for integers that are values, pass {name}.to({param.dtype}) "
+            f"shaped [batch, pos, {axis}]"
+        )
     if x.ndim != 3:
         hint = f" (add a batch axis with {name}.unsqueeze(0))" if x.ndim == 2 else ""
         raise ValueError(

@@ -91,6 +91,20 @@ class Attention(nn.Module):
         assert W_K is not None and b_K is not None and W_V is not None and b_V is not None
         return W_K, b_K, W_V, b_V
 
+    def _causal_bias(self, n_pos: int) -> torch.Tensor:
+        """The causal mask added to ``[.., n_pos, n_pos]`` scores: 0 where a position may
+        attend, -inf where it may not (``mask_bias`` cut to ``n_pos``)."""
+        if not torch.compiler.is_compiling():
+            return self.mask_bias[:n_pos, :n_pos]
+        # Under torch.compile, built for the length instead: a length marked dynamic and
+        # traced at n_ctx would be fixed at n_ctx by the cut of the [n_ctx, n_ctx] buffer
+        # (its row stride is n_ctx), and dynamo refuses that (ConstraintViolationError).
+        # The same values, so the same scores to the bit.
+        bias = self.mask_bias
+        future = torch.ones(n_pos, n_pos, dtype=torch.bool, device=bias.device).triu(1)
+        zeros = torch.zeros(n_pos, n_pos, dtype=bias.dtype, device=bias.device)
+        return zeros.masked_fill(future, float("-inf"))
+
     def _expand_kv(self, t: torch.Tensor, batch: int) -> torch.Tensor:
         """Heads-first key/value storage ``[n_kv*batch, pos, d]`` as one row block per
         query head ``[n_heads*batch, pos, d]`` (itself when every head has its own)."""
@@ -130,7 +144,7 @@ class Attention(nn.Module):
         q_hb, k_hb = _merge(q), self._expand_kv(_merge(k), batch)
         if self.causal:
             scores = torch.baddbmm(
-                self.mask_bias[:n_pos, :n_pos], q_hb, k_hb.transpose(1, 2), alpha=self.scale
+                self._causal_bias(n_pos), q_hb, k_hb.transpose(1, 2), alpha=self.scale
             )
         else:
             scores = torch.bmm(q_hb, k_hb.transpose(1, 2)).mul_(self.scale)
@@ -163,9 +177,7 @@ class Attention(nn.Module):
             k = _merge(self.rotary(_split(k.view(n_kv, batch * n_pos, -1), batch)))
         k, v = self._expand_kv(k, batch), self._expand_kv(v, batch)
         if self.causal:
-            scores = torch.baddbmm(
-                self.mask_bias[:n_pos, :n_pos], q, k.transpose(1, 2), alpha=self.scale
-            )
+            scores = torch.baddbmm(self._causal_bias(n_pos), q, k.transpose(1, 2), alpha=self.scale)
         else:
             scores = torch.bmm(q, k.transpose(1, 2)).mul_(self.scale)
         z = torch.bmm(scores.softmax(dim=-1), v).view(h, batch * n_pos, -1)
@@ -181,9 +193,31 @@ class GroupedQueryAttention(Attention):
     ``[n_key_value_heads, d_head]``; query head ``h`` uses key/value head
     ``h // (n_heads // n_key_value_heads)`` (``repeat_interleave``, as Llama's
     ``repeat_kv``). ``W_K``, ``W_V``, ``b_K`` and ``b_V`` read the parameters expanded to
-    one per query head, ``[n_heads, ...]``: for reading only. They are new tensors, so an
-    in-place write into them changes nothing; write ``_W_K`` etc. (or
-    :meth:`kv_parameters`) instead, and assigning them raises.
+    one per query head, ``[n_heads, ...]``: for reading only. They are new tensors, so a
+    write into one could not reach the parameters (and one query head's row cannot be
+    changed alone: its group shares one key/value head); every in-place operation on
+    them or on a view of them (``copy_``, ``normal_``, ``zero_``, ``x[...] = v``, ``+=``,
+    ``torch.nn.init``, ``out=``) raises a ``RuntimeError`` saying to write ``_W_K`` etc.
+    (or :meth:`kv_parameters`) instead, and assigning them raises ``AttributeError``.
+    Reading them (products, ``clone()``, gradients) works as for any tensor.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=4, n_key_value_heads=2, n_layers=1,
+        ...     n_ctx=5), seed=0)
+        >>> attn = model.blocks[0].attn
+        >>> attn.W_V.shape, attn._W_V.shape
+        (torch.Size([4, 8, 4]), torch.Size([2, 8, 4]))
+        >>> with torch.no_grad():
+        ...     attn.W_V.zero_()
+        Traceback (most recent call last):
+        ...
+        RuntimeError: zero_ on GroupedQueryAttention.W_V...
+        >>> with torch.no_grad():
+        ...     _ = attn._W_V.zero_()  # key/value head g serves query heads 2g and 2g + 1
+        >>> bool((attn.W_V == 0).all())
+        True
     """
 
     _W_K: nn.Parameter
@@ -191,28 +225,36 @@ class GroupedQueryAttention(Attention):
     _b_K: nn.Parameter
     _b_V: nn.Parameter
 
-    def _per_query_head(self, t: torch.Tensor) -> torch.Tensor:
-        return t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)
+    def _per_query_head(self, name: str) -> torch.Tensor:
+        stored = getattr(self, "_" + name)
+        expanded = stored.repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)
+        return ReadOnlyTensor.of(
+            expanded,
+            f"GroupedQueryAttention.{name} is _{name} [n_key_value_heads, ...] expanded per "
+            f"query head, a new tensor: a write into it would not reach the model. Write "
+            f"_{name} (query head h reads key/value head h // "
+            f"{self.n_heads // self.n_kv_heads}), or the tensors of kv_parameters()",
+        )
 
     @property
     def W_K(self) -> Float[torch.Tensor, "n_heads d_model d_head"]:  # type: ignore[override]
-        """``_W_K`` expanded per query head (a new tensor: read only)."""
-        return self._per_query_head(self._W_K)
+        """``_W_K`` expanded per query head (a new tensor: read only, writes raise)."""
+        return self._per_query_head("W_K")
 
     @property
     def W_V(self) -> Float[torch.Tensor, "n_heads d_model d_head"]:  # type: ignore[override]
-        """``_W_V`` expanded per query head (a new tensor: read only)."""
-        return self._per_query_head(self._W_V)
+        """``_W_V`` expanded per query head (a new tensor: read only, writes raise)."""
+        return self._per_query_head("W_V")
 
     @property
     def b_K(self) -> Float[torch.Tensor, "n_heads d_head"]:  # type: ignore[override]
-        """``_b_K`` expanded per query head (a new tensor: read only)."""
-        return self._per_query_head(self._b_K)
+        """``_b_K`` expanded per query head (a new tensor: read only, writes raise)."""
+        return self._per_query_head("b_K")
 
     @property
     def b_V(self) -> Float[torch.Tensor, "n_heads d_head"]:  # type: ignore[override]
-        """``_b_V`` expanded per query head (a new tensor: read only)."""
-        return self._per_query_head(self._b_V)
+        """``_b_V`` expanded per query head (a new tensor: read only, writes raise)."""
+        return self._per_query_head("b_V")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("W_K", "W_V", "b_K", "b_V"):
@@ -221,6 +263,93 @@ class GroupedQueryAttention(Attention):
                 f"[n_key_value_heads, ...] expanded per query head, read only: write _{name}"
             )
         super().__setattr__(name, value)
+
+
+# in-place Python operators and the descriptor setter (`t.data = ...`) among the
+# functions __torch_function__ sees; any other name ending in one "_" is in place
+_INPLACE_DUNDERS = frozenset(
+    f"__i{op}__"
+    for op in ("add sub mul matmul truediv floordiv mod pow lshift rshift and or xor".split())
+) | {"__setitem__", "__set__"}
+# in-place by name, but they change no value of the tensor
+_METADATA_ONLY = frozenset({"requires_grad_", "retain_grad", "share_memory_"})
+
+
+class ReadOnlyTensor(torch.Tensor):
+    """A tensor whose values cannot be changed in place: a copy computed from a model's
+    parameters (such as :class:`GroupedQueryAttention`'s ``W_K``), where a write would
+    silently not reach the model.
+
+    Every in-place operation on it or on a view of it (``copy_``, ``zero_``,
+    ``normal_``, ``t[...] = v``, ``t += v``, ``torch.nn.init.*``, ``out=t``, ``t.data =
+    ...``) raises a ``RuntimeError`` with the reason given by :meth:`of`; it works as a
+    source (``other.copy_(t)``). Operations that make new tensors return ordinary
+    tensors, so products, ``clone()``, ``detach().clone()`` and gradients behave as
+    usual; views (``t[0]``, ``t.T``, ``t.detach()``) stay read-only.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.model.components.attention import ReadOnlyTensor
+        >>> t = ReadOnlyTensor.of(torch.ones(2, 3), "t is a copy: write the source")
+        >>> t[0].add_(1.0)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: add_ on t is a copy: write the source
+        >>> type(t.clone() * 2).__name__, float(t.sum())
+        ('Tensor', 6.0)
+    """
+
+    _reason: str
+
+    @staticmethod
+    def of(t: torch.Tensor, reason: str) -> "ReadOnlyTensor":
+        """``t`` (same storage and autograd history) as a read-only tensor whose in-place
+        operations raise, naming ``reason``."""
+        out = t.as_subclass(ReadOnlyTensor)
+        out._reason = reason
+        return out
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = {} if kwargs is None else kwargs
+        name = getattr(func, "__name__", "")
+        in_place = name in _INPLACE_DUNDERS or (
+            name.endswith("_") and not name.endswith("__") and name not in _METADATA_ONLY
+        )
+        written: list[Any] = []
+        if in_place:  # the tensor written: the first argument (torch.nn.init: `tensor=`)
+            written.append(args[0] if args else kwargs.get("tensor", kwargs.get("input")))
+        out_arg = kwargs.get("out")
+        written += list(out_arg) if isinstance(out_arg, tuple | list) else [out_arg]
+        for target in written:
+            if isinstance(target, ReadOnlyTensor):
+                raise RuntimeError(f"{name} on {target._reason}")
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        sources = [a for a in args if isinstance(a, ReadOnlyTensor)]
+        if not sources:
+            return result
+        return _keep_read_only(result, sources)
+
+
+def _keep_read_only(result: Any, sources: list[ReadOnlyTensor]) -> Any:
+    """``result`` with every tensor that shares storage with one of ``sources`` (a view)
+    made read-only too, and every other tensor an ordinary tensor."""
+    if isinstance(result, tuple | list):
+        return type(result)(_keep_read_only(r, sources) for r in result)
+    if not isinstance(result, torch.Tensor):
+        return result
+    ptr = result.untyped_storage().data_ptr()
+    for source in sources:
+        if ptr == source.untyped_storage().data_ptr():
+            return ReadOnlyTensor.of(result, source._reason)
+    return result
 
 
 def _split(t: torch.Tensor, batch: int) -> torch.Tensor:
