@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import vecinterp as vi
 from helpers import random_model, tiny_cfg
 from vecinterp.model.components.norm import statistics_dtype
 
@@ -99,3 +100,29 @@ def test_statistics_dtype():
     assert statistics_dtype(torch.bfloat16) == torch.float32
     assert statistics_dtype(torch.float32) == torch.float32
     assert statistics_dtype(torch.float64) == torch.float64
+
+
+@pytest.mark.parametrize("kind", ["LN", "RMS"])
+def test_the_library_s_other_norm_formulas_follow_norm_in_half_precision(kind):
+    """The stacked ensemble forward and the geometry analyses compute the norm by its
+    formula without its hooks; in float16 with a residual of ~480 they must agree with
+    :class:`Norm` (float32 statistics) bit for bit, not overflow to 0."""
+    from vecinterp.analysis.geometry import _norm as geometry_norm
+    from vecinterp.model.components import Norm
+    from vecinterp.training._stacked import _norm as stacked_norm
+
+    cfg = vi.VectorTransformerConfig(d_in=3, d_model=16, d_head=4, n_heads=2, n_layers=1,
+                                     n_ctx=4, normalization=kind)  # fmt: skip
+    norm = Norm(cfg).to(torch.float16)
+    with torch.no_grad():
+        norm.w.uniform_(0.5, 1.5)
+        if norm.b is not None:
+            norm.b.uniform_(-0.1, 0.1)
+    gen = torch.Generator().manual_seed(0)
+    x = (480 * torch.randn(2, 4, 16, generator=gen)).to(torch.float16)
+    with torch.no_grad():
+        expected = norm(x)
+        assert bool(torch.isfinite(expected).all()) and float(expected.abs().max()) > 0.5
+        assert torch.equal(geometry_norm(norm, x, with_bias=True), expected)
+        w, b = norm.w[None], (norm.b[None] if norm.b is not None else None)
+        assert torch.equal(stacked_norm(cfg, x, w, b), expected)

@@ -13,6 +13,7 @@ from torch import nn
 from ..cache import ActivationCache
 from ..model import HookedVectorTransformer
 from ..model.components import Norm, TransformerBlock
+from ..model.components.norm import statistics_dtype
 from ..model.contract import contract
 from ..model.validation import check_finite
 from ._validate import check_layer, check_model
@@ -184,7 +185,7 @@ def ov_linearity(
         >>> model = HookedVectorTransformer(cfg, dtype=torch.float64)
         >>> attn = model.blocks[0].attn
         >>> with torch.no_grad():  # head 0 copies with OV = 2 I, head 1 writes nothing
-        ...     _ = attn.W_V.copy_(torch.eye(4).expand(2, 4, 4))
+        ...     _ = attn.kv_parameters()[2].copy_(torch.eye(4).expand(2, 4, 4))  # W_V
         ...     _ = attn.W_O.copy_(torch.stack([2 * torch.eye(4), torch.zeros(4, 4)]))
         >>> fit = ov_linearity(model, 0)  # 100 random Gaussian vectors
         >>> round(fit.summed.slope.item(), 12), round(fit.summed.r2.item(), 12)
@@ -385,9 +386,11 @@ def _norm(ln: Norm | nn.Module, x: torch.Tensor, with_bias: bool) -> torch.Tenso
     firing its hooks; optionally without ``b``."""
     if not isinstance(ln, Norm):  # normalization=None: nn.Identity
         return x
+    dtype = x.dtype
+    x = x.to(statistics_dtype(dtype))  # Norm's precision: float32 for half-precision models
     if ln.centre:
         x = x - x.mean(-1, keepdim=True)
-    x = x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()
+    x = (x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()).to(dtype)
     w, b = ln.w, ln.b if with_bias else None
     if w is None:
         return x

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..loss import loss_positions
 from ..model.components.mlp import ACTIVATIONS
+from ..model.components.norm import statistics_dtype
 from ..model.components.rotary import Rotary
 from ..model.config import VectorTransformerConfig
 from ..model.transformer import HookedVectorTransformer
@@ -121,9 +122,11 @@ def _norm(cfg: VectorTransformerConfig, x: torch.Tensor, w: object, b: object) -
     """:class:`~vecinterp.model.components.Norm` with stacked ``w``, ``b`` ``[K, d]``."""
     if cfg.normalization is None:
         return x
+    dtype = x.dtype
+    x = x.to(statistics_dtype(dtype))  # Norm's precision: float32 for half-precision models
     if cfg.normalization in ("LN", "LNPre"):
         x = x - x.mean(-1, keepdim=True)
-    x = x / (x.pow(2).mean(-1, keepdim=True) + cfg.eps).sqrt()
+    x = (x / (x.pow(2).mean(-1, keepdim=True) + cfg.eps).sqrt()).to(dtype)
     if not isinstance(w, torch.Tensor):
         return x
     if not isinstance(b, torch.Tensor):
