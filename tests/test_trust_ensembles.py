@@ -48,12 +48,16 @@ def cwd(path: Path) -> Iterator[None]:
 
 
 def refused_in_child(fn) -> None:
-    """Run ``fn`` (which asserts the refusal) in a forked child with 3 GiB of address space,
-    killed after 60 s: before the fix a FIFO blocked the read forever and /dev/zero was
-    read until memory ran out, inside C code that no signal handler interrupts."""
+    """Run ``fn`` (which asserts the refusal) in a forked child with 3 GiB of address space
+    beyond what the process already maps (a suite run that has imported everything maps
+    several GiB), killed after 60 s: before the fix a FIFO blocked the read forever and
+    /dev/zero was read until memory ran out, inside C code that no signal handler
+    interrupts."""
 
     def limited() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = mapped + (3 << 30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         fn()
 
     pid = fork(limited)
