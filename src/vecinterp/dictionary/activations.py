@@ -134,13 +134,16 @@ class BatchSource:
 
 
 def _select(act: torch.Tensor, positions: Positions, name: str) -> torch.Tensor:
-    """``[batch, pos, d]`` (or ``[batch, d]``) -> rows ``[n, d]`` at ``positions``."""
-    if positions is not None:
-        if act.dim() < 3:
+    """``[batch, pos, ...]`` (or ``[batch, d]``) -> rows ``[batch * n_pos, prod(...)]`` at
+    ``positions``: the axes after the position are flattened (``hook_z``'s heads too)."""
+    if act.dim() < 3:
+        if positions is not None:
             raise ValueError(f"positions were given but {name} has no position axis")
+        return act
+    if positions is not None:
         index = [positions] if isinstance(positions, int) else positions
         act = act[:, index] if isinstance(index, slice) else act[:, list(index)]
-    return act.reshape(-1, act.shape[-1])
+    return act.reshape(act.shape[0] * act.shape[1], -1)
 
 
 def harvest_batch(
@@ -186,7 +189,8 @@ def harvest_activations(
     seed: int = 0,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Run ``model`` on each batch of ``data`` and yield its activations at ``hook_names``
-    as rows: ``{name: [batch * n_positions, d]}`` per batch, detached.
+    as rows: ``{name: [batch * n_positions, d]}`` per batch, detached (the axes after the
+    position are flattened into ``d``: ``hook_z``'s ``n_heads * d_head``).
 
     Args:
         model: any :class:`~vecinterp.HookedVectorTransformer` (native, imported or

@@ -122,10 +122,7 @@ class _Data:
                 )
             self.buffer, self.names = data, names
             self.fingerprint = (
-                "buffer:"
-                + tensor_checksum(dict(data.model.state_dict()))
-                + ":"
-                + ",".join(names)
+                "buffer:" + tensor_checksum(dict(data.model.state_dict())) + ":" + ",".join(names)
             )
             return
         if isinstance(data, torch.Tensor):
