@@ -191,9 +191,8 @@ def test_bad_inputs_get_clear_errors():
         train_dictionary(sae, torch.randn(10, 5), steps=1)
     with pytest.raises(ValueError, match="steps must be an int >= 1"):
         train_dictionary(sae, _rows(), steps=0)
-    with pytest.raises(ValueError, match="resample_every is for ReLU"):
-        topk = SparseAutoencoder(DictionaryConfig(d_in=6, d_sae=8, activation="topk", k=2))
-        train_dictionary(topk, _rows(), steps=1, resample_every=5)
+    with pytest.raises(ValueError, match="resample_every must be an int >= 1"):
+        train_dictionary(sae, _rows(), steps=1, resample_every=0)
     tc = Transcoder(DictionaryConfig(d_in=6, d_sae=8, transcoder=True))
     with pytest.raises(ValueError, match="pair"):
         train_dictionary(tc, _rows(), steps=1)

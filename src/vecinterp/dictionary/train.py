@@ -221,6 +221,11 @@ def train_dictionary(
       ``e_hat`` its reconstruction from the ``aux_k`` (default ``d_in // 2``, at least 1)
       largest pre-activations of the dead features, while any feature is dead.
 
+    A parameter with ``requires_grad=False`` stays as it is (e.g. an SAE's ``b_dec`` held
+    at the data's centre). Resampling (``resample_every``) works for TopK too, with the
+    encoder column at the live columns' mean norm (not 0.2 of it), so that a resampled
+    feature can win a place among the ``k`` largest.
+
     The learning rate warms up linearly over ``warmup_steps``, then follows ``schedule``
     (``"constant"``, ``"cosine"`` or ``"linear"`` decay to 0, see :func:`vecinterp.lr_at`).
 
@@ -272,8 +277,6 @@ def train_dictionary(
     _check_int("dead_after", dead_after, 1)
     if resample_every is not None:
         _check_int("resample_every", resample_every, 1)
-        if cfg.activation != "relu":
-            raise ValueError("resample_every is for ReLU dictionaries; TopK uses aux_k/aux_coeff")
     _check_int("seed", seed, 0)
     if checkpoint_every is not None:
         _check_int("checkpoint_every", checkpoint_every, 1)
@@ -367,7 +370,7 @@ def _run(
 ) -> DictionaryTrainResult:
     cfg = dictionary.cfg
     steps, batch_size = config["steps"], config["batch_size"]
-    params = [p for p in dictionary.parameters()]
+    params = list(dictionary.parameters())
     optimizer = torch.optim.Adam(params, lr=config["lr"], betas=(0.9, 0.999), foreach=True)
     gen = torch.Generator().manual_seed(config["seed"])
     since_fired = torch.zeros(cfg.d_sae, dtype=torch.int64)
@@ -546,7 +549,10 @@ def _resample(
     alive = ~dead
     enc_norm = dictionary.W_enc[:, alive].norm(dim=0).mean() if bool(alive.any()) else 1.0
     dictionary.W_dec[index] = dec_dir
-    dictionary.W_enc[:, index] = (enc_dir * 0.2 * enc_norm).T
+    # Bricken et al.'s 0.2 for ReLU; TopK: the live features' norm, so a resampled
+    # feature can win a place among the k largest
+    scale = 0.2 if dictionary.cfg.activation == "relu" else 1.0
+    dictionary.W_enc[:, index] = (enc_dir * scale * enc_norm).T
     dictionary.b_enc[index] = 0
     for param, cut in ((dictionary.W_dec, (index,)), (dictionary.W_enc, (slice(None), index)),
                        (dictionary.b_enc, (index,))):  # fmt: skip
