@@ -13,6 +13,7 @@ Written atomically and checksummed, under the directory lock, with the same refu
 :func:`vecinterp.train` (see :mod:`vecinterp.training.checkpoint`).
 """
 
+import functools
 import json
 import math
 import os
@@ -104,6 +105,7 @@ class _Data:
         cfg = dictionary.cfg
         self.buffer: ActivationBuffer | None = None
         self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.raw: tuple[torch.Tensor, torch.Tensor] | None = None
         if isinstance(data, ActivationBuffer):
             hook_in = cfg.hook_in or (data.hook_names[0] if len(data.hook_names) == 1 else None)
             if hook_in is None:
@@ -121,9 +123,6 @@ class _Data:
                     f"{data.hook_names}: harvest those hook points"
                 )
             self.buffer, self.names = data, names
-            self.fingerprint = (
-                "buffer:" + tensor_checksum(dict(data.model.state_dict())) + ":" + ",".join(names)
-            )
             return
         if isinstance(data, torch.Tensor):
             if cfg.transcoder:
@@ -155,8 +154,19 @@ class _Data:
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"inputs have {inputs.shape[0]} rows but targets {targets.shape[0]}")
         dtype = dictionary.W_dec.dtype
-        self.tensors = (inputs.to(dtype), targets.to(dtype))
-        self.fingerprint = "tensors:" + tensor_checksum({"inputs": inputs, "targets": targets})
+        inputs = inputs.to(dtype)
+        self.tensors = (inputs, inputs if targets is data else targets.to(dtype))
+        self.raw = pair
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What identifies the data (computed when a checkpoint needs it): the tensors'
+        SHA-256, or the buffer's model weights and hook names."""
+        if self.buffer is not None:
+            weights = tensor_checksum(dict(self.buffer.model.state_dict()))
+            return f"buffer:{weights}:{','.join(self.names)}"
+        assert self.raw is not None
+        return "tensors:" + tensor_checksum({"inputs": self.raw[0], "targets": self.raw[1]})
 
     def next(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if self.buffer is not None:
@@ -165,7 +175,8 @@ class _Data:
             return x, rows[self.names[-1]] if len(self.names) > 1 else x
         assert self.tensors is not None
         index = torch.randint(self.tensors[0].shape[0], (batch_size,), generator=gen)
-        return self.tensors[0][index], self.tensors[1][index]
+        x = self.tensors[0][index]
+        return x, x if self.tensors[1] is self.tensors[0] else self.tensors[1][index]
 
     @property
     def resumable(self) -> bool:
@@ -454,10 +465,9 @@ def _run(
             dictionary.remove_parallel_gradient()
             optimizer.step()
             dictionary.normalise_decoder()
-            with torch.no_grad():
-                fired = (acts != 0).any(0)
-                since_fired = torch.where(fired, 0, since_fired + 1)
-                l0 = (acts != 0).sum(-1).double().mean()
+            with torch.no_grad():  # acts >= 0 (ReLU, TopK of ReLU'd values)
+                since_fired = torch.where(acts.amax(0) > 0, 0, since_fired + 1)
+                l0 = torch.count_nonzero(acts) / acts.shape[0]
             values = (loss.detach(), mse.detach(), sparsity.detach(), l0, torch.tensor(lr))
             for k, v in zip(_HISTORY, values, strict=True):
                 history[k][step] = v.double()
