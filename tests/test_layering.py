@@ -19,6 +19,8 @@ rank  layer                        why there
 4     training                     one train loop over the model (and its loss)
 4     plot                         draws results it is handed (the optional matplotlib extra)
 5     tasks                        data, recipes and the papers' claims: everything below
+5     dictionary                   sparse autoencoders and transcoders: harvest activations
+                                   from the model, train with training's checkpoints
 6     vecinterp                    the package's ``__init__``: re-exports the public API
 ====  ===========================  =========================================================
 
@@ -55,6 +57,7 @@ LAYERS: dict[str, int] = {
     "vecinterp.training": 4,
     "vecinterp.plot": 4,
     "vecinterp.tasks": 5,
+    "vecinterp.dictionary": 5,
     "vecinterp": 6,
 }
 """Layer (a module or a package, with everything in it) -> rank."""

@@ -21,6 +21,21 @@ Vectors are rows and weights multiply on the right: ``resid @ W_Q``.
 from .analysis import *  # noqa: F403 - the analysis API is public at the top level
 from .analysis import __all__ as _analysis_all
 from .cache import ActivationCache, act_name
+from .dictionary import (
+    ActivationBuffer,
+    DictionaryConfig,
+    DictionaryStats,
+    DictionaryTrainResult,
+    SparseAutoencoder,
+    SparseDictionary,
+    Transcoder,
+    evaluate_dictionary,
+    harvest_activations,
+    load_dictionary,
+    save_dictionary,
+    train_dictionary,
+    transcoder_hooks,
+)
 from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
 from .interop import (
@@ -99,4 +114,17 @@ __all__ = [
     "tl_forward_vectors",
     "tl_run_with_cache_vectors",
     "to_transformer_lens",
+    "ActivationBuffer",
+    "DictionaryConfig",
+    "DictionaryStats",
+    "DictionaryTrainResult",
+    "SparseAutoencoder",
+    "SparseDictionary",
+    "Transcoder",
+    "evaluate_dictionary",
+    "harvest_activations",
+    "load_dictionary",
+    "save_dictionary",
+    "train_dictionary",
+    "transcoder_hooks",
 ]

@@ -48,8 +48,10 @@ from ..model.transformer import HookedVectorTransformer
 from ._record import FORMAT as FORMAT
 from ._record import FORMAT_VERSION as FORMAT_VERSION
 from ._record import TRAINER_FILE as TRAINER_FILE
-from ._record import read_record, sealed
+from ._record import read_record as read_record
+from ._record import record_checksum as record_checksum
 from ._record import restore_optimizer as restore_optimizer
+from ._record import sealed as sealed
 from .result import _PER_EVAL, _PER_STEP
 
 try:
@@ -288,7 +290,7 @@ def write_checkpoint(
     average: HookedVectorTransformer | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and return its directory."""
-    state_tensors, param_groups = _flatten_optimizer(optimizer.state_dict())
+    state_tensors, param_groups = flatten_optimizer(optimizer.state_dict())
     trainer = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -308,7 +310,7 @@ def write_checkpoint(
             save_file(tensors, str(tmp / f"{name}.safetensors"), metadata=header)
         (tmp / TRAINER_FILE).write_text(json.dumps(sealed(trainer), indent=2, sort_keys=True))
 
-    return _write_dir_atomically(checkpoint_dir / step_dir_name(step), write)
+    return write_dir_atomically(checkpoint_dir / step_dir_name(step), write)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -328,7 +330,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{path.name}: the record belongs to another checkpoint"
         )
     optimizer_file = path / "optimizer.safetensors"
-    optimizer = _unflatten_optimizer(
+    optimizer = unflatten_optimizer(
         read_tensors(optimizer_file)[0], record["optimizer"]["param_groups"], optimizer_file
     )
     rng = read_tensors(path / "rng.safetensors")[0]
@@ -354,9 +356,11 @@ def _require(tensors: dict[str, torch.Tensor], names: list[str], file: Path) -> 
         raise ValueError(f"{file} lacks the tensor(s) {missing} a checkpoint holds")
 
 
-def _write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
-    # The directory-level counterpart of vecinterp.model.io.atomic_write: stage, fsync,
-    # then one rename; a crash at any point before the rename leaves ``final`` untouched.
+def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
+    """Stage a directory with ``write(tmp)``, flush it to disk and rename it to ``final``
+    in one step (a stale ``final`` is swapped out and removed), so a crash at any point
+    leaves ``final`` as it was: the directory-level counterpart of
+    :func:`vecinterp.model.io.atomic_write`. Returns ``final``."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     try:
@@ -390,11 +394,12 @@ def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
 
 
-def _flatten_optimizer(
+def flatten_optimizer(
     state_dict: dict[str, Any],
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    """Per-parameter tensors as ``state.{index}.{name}``; param_groups as JSON-able dicts
-    (tuples become lists; their keys are listed under ``"__tuples__"``)."""
+    """An optimizer's ``state_dict()`` as per-parameter tensors named
+    ``state.{index}.{name}`` and param_groups as JSON-able dicts (tuples become lists;
+    their keys are listed under ``"__tuples__"``); :func:`unflatten_optimizer` undoes it."""
     tensors: dict[str, torch.Tensor] = {}
     for index, per_param in state_dict["state"].items():
         for name, value in per_param.items():
@@ -412,9 +417,11 @@ def _flatten_optimizer(
     return tensors, groups
 
 
-def _unflatten_optimizer(
+def unflatten_optimizer(
     tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]], file: Path
 ) -> dict[str, Any]:
+    """The optimizer state dict that :func:`flatten_optimizer` took apart (``ValueError``
+    naming ``file`` for a tensor name it did not write)."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         match = re.fullmatch(r"state\.(\d+)\.(.+)", key)

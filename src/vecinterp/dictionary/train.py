@@ -1,0 +1,572 @@
+"""Training sparse dictionaries: a loop of its own on the library's checkpoint machinery.
+
+Layout of ``checkpoint_dir/step_00000500/`` (the state after 500 updates)::
+
+    dictionary/             the dictionary, by save_dictionary
+    optimizer.safetensors   the Adam moments, "state.{i}.{name}"
+    rng.safetensors         the run's generator, the feature-firing counters, the buffer
+    history.safetensors     per-step loss, mse, sparsity term, L0 and learning rate
+    trainer.json            step, the run's config, optimizer settings, data fingerprint,
+                            threads, and the SHA-256 of all that
+
+Written atomically and checksummed, under the directory lock, with the same refusals as
+:func:`vecinterp.train` (see :mod:`vecinterp.training.checkpoint`).
+"""
+
+import functools
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from ..model.tensor_files import CHECKSUM_KEY, read_tensors, tensor_checksum
+from ..threads import check_threads, use_threads
+from ..training.checkpoint import (
+    FORMAT,
+    FORMAT_VERSION,
+    TRAINER_FILE,
+    flatten_optimizer,
+    list_checkpoints,
+    own_directory,
+    prune,
+    read_record,
+    remove_partial,
+    restore_optimizer,
+    sealed,
+    step_dir_name,
+    unflatten_optimizer,
+    write_dir_atomically,
+)
+from ..training.schedule import lr_at
+from .activations import ActivationBuffer
+from .io import load_dictionary, write_dictionary
+from .modules import SparseDictionary
+
+KIND = "vecinterp-dictionary-training"
+_HISTORY = ("loss", "mse", "sparsity", "l0", "lr")
+
+
+@dataclass
+class DictionaryTrainResult:
+    """What :func:`train_dictionary` returns.
+
+    Attributes:
+        dictionary: the trained dictionary (the one passed in, trained in place).
+        history: per-step float64 tensors ``loss``, ``mse`` (mean squared error norm per
+            row), ``sparsity`` (the L1 term, or the TopK auxiliary term), ``l0`` and ``lr``.
+        steps: updates done in all (the resumed ones included).
+        resumed_from: the checkpoint step the run resumed from, or ``None``.
+        threads: CPU threads the run used.
+        n_resampled: features resampled (ReLU + L1) in this call.
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.dictionary import DictionaryConfig, SparseAutoencoder, train_dictionary
+        >>> sae = SparseAutoencoder(DictionaryConfig(d_in=4, d_sae=8), seed=0)
+        >>> result = train_dictionary(sae, torch.randn(64, 4), steps=3, batch_size=8)
+        >>> result.steps, result.history["loss"].shape
+        (3, torch.Size([3]))
+    """
+
+    dictionary: SparseDictionary
+    history: dict[str, torch.Tensor]
+    steps: int
+    resumed_from: int | None
+    threads: int
+    n_resampled: int
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_real(name: str, value: object, minimum: float = 0.0, strict: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (strict and value == minimum):  # type: ignore[operator]
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {rel} {minimum}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+class _Data:
+    """Training rows: from tensors (sampled with the run's generator) or a buffer."""
+
+    def __init__(self, dictionary: SparseDictionary, data: object):
+        cfg = dictionary.cfg
+        self.buffer: ActivationBuffer | None = None
+        self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.raw: tuple[torch.Tensor, torch.Tensor] | None = None
+        if isinstance(data, ActivationBuffer):
+            hook_in = cfg.hook_in or (data.hook_names[0] if len(data.hook_names) == 1 else None)
+            if hook_in is None:
+                raise ValueError(
+                    f"the buffer holds several hook points {data.hook_names}: say which one "
+                    "the dictionary reads with DictionaryConfig(hook_in=...)"
+                )
+            if cfg.transcoder and cfg.hook_out is None:
+                raise ValueError("a transcoder trained from a buffer needs cfg.hook_out")
+            names = [hook_in] + ([str(cfg.hook_out)] if cfg.transcoder else [])
+            missing = [n for n in names if n not in data.hook_names]
+            if missing:
+                raise ValueError(
+                    f"the dictionary reads {missing} but the buffer harvests "
+                    f"{data.hook_names}: harvest those hook points"
+                )
+            self.buffer, self.names = data, names
+            return
+        if isinstance(data, torch.Tensor):
+            if cfg.transcoder:
+                raise ValueError("a transcoder trains on a pair (inputs, targets) of tensors")
+            pair = (data, data)
+        elif (
+            isinstance(data, tuple)
+            and len(data) == 2
+            and all(isinstance(t, torch.Tensor) for t in data)
+        ):
+            pair = (data[0], data[1])
+        else:
+            raise TypeError(
+                "data must be rows [n, d_in] (an SAE), a pair (inputs [n, d_in], targets "
+                f"[n, d_out]) of tensors, or an ActivationBuffer; got {type(data).__name__}"
+            )
+        inputs, targets = pair
+        for name, t, width in (("inputs", inputs, cfg.d_in), ("targets", targets, cfg.d_out)):
+            if t.dim() != 2 or t.shape[1] != width or not t.is_floating_point():
+                raise ValueError(
+                    f"{name} must be floating-point rows [n, {width}], got {tuple(t.shape)}"
+                )
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                raise ValueError(
+                    f"the training {name} hold {bad} non-finite value(s) (NaN or inf): remove "
+                    "those rows or fix the model that produced them"
+                )
+        if inputs.shape[0] != targets.shape[0]:
+            raise ValueError(f"inputs have {inputs.shape[0]} rows but targets {targets.shape[0]}")
+        dtype = dictionary.W_dec.dtype
+        inputs = inputs.to(dtype)
+        self.tensors = (inputs, inputs if targets is data else targets.to(dtype))
+        self.raw = pair
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What identifies the data (computed when a checkpoint needs it): the tensors'
+        SHA-256, or the buffer's model weights and hook names."""
+        if self.buffer is not None:
+            weights = tensor_checksum(dict(self.buffer.model.state_dict()))
+            return f"buffer:{weights}:{','.join(self.names)}"
+        assert self.raw is not None
+        return "tensors:" + tensor_checksum({"inputs": self.raw[0], "targets": self.raw[1]})
+
+    def next(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.buffer is not None:
+            rows = self.buffer.next_batch(batch_size)
+            x = rows[self.names[0]]
+            return x, rows[self.names[-1]] if len(self.names) > 1 else x
+        assert self.tensors is not None
+        index = torch.randint(self.tensors[0].shape[0], (batch_size,), generator=gen)
+        x = self.tensors[0][index]
+        return x, x if self.tensors[1] is self.tensors[0] else self.tensors[1][index]
+
+    @property
+    def resumable(self) -> bool:
+        return self.buffer is None or self.buffer.resumable
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {} if self.buffer is None else self.buffer.state()
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        if self.buffer is not None:
+            self.buffer.restore(state)
+
+
+def train_dictionary(
+    dictionary: SparseDictionary,
+    data: object,
+    *,
+    steps: int,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    l1_coeff: float = 1e-3,
+    aux_coeff: float = 1 / 32,
+    aux_k: int | None = None,
+    dead_after: int = 1000,
+    resample_every: int | None = None,
+    seed: int = 0,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int | None = None,
+    keep_last: int | None = None,
+    resume: bool = True,
+    progress: bool = False,
+    threads: int | str | None = "auto",
+    callback: Callable[[int, SparseDictionary], None] | None = None,
+) -> DictionaryTrainResult:
+    """Train a :class:`SparseAutoencoder` or :class:`Transcoder` in place with Adam.
+
+    Each step draws ``batch_size`` rows, minimises ``mean_row |target - recons|^2`` plus
+    the sparsity term of the architecture, then removes from ``W_dec``'s gradient each
+    row's component along itself and, after the update, rescales the rows to unit norm:
+
+    - ReLU: ``l1_coeff * mean_row sum |acts|`` (the rows have unit norm, so this is
+      Bricken et al.'s norm-weighted L1). Dead features (not active for ``dead_after``
+      steps) are resampled every ``resample_every`` steps (``None``: never; not in the
+      last half of the run), as Bricken et al. 2023 do: the decoder row becomes a row of
+      the batch drawn with probability proportional to its squared error (an SAE's input
+      minus ``b_dec``; a transcoder's error), normalised, the encoder column the same
+      direction times 0.2 times the mean norm of the live columns, the bias zero, and
+      Adam's moments of those weights zero.
+    - TopK: the auxiliary loss of Gao et al. 2024 (arXiv 2406.04093):
+      ``aux_coeff * |e - e_hat|^2 / |e - mean e|^2`` where ``e`` is the residual error and
+      ``e_hat`` its reconstruction from the ``aux_k`` (default ``d_in // 2``, at least 1)
+      largest pre-activations of the dead features, while any feature is dead.
+
+    A parameter with ``requires_grad=False`` stays as it is (e.g. an SAE's ``b_dec`` held
+    at the data's centre). Resampling (``resample_every``) works for TopK too, with the
+    encoder column at the live columns' mean norm (not 0.2 of it), so that a resampled
+    feature can win a place among the ``k`` largest.
+
+    The learning rate warms up linearly over ``warmup_steps``, then follows ``schedule``
+    (``"constant"``, ``"cosine"`` or ``"linear"`` decay to 0, see :func:`vecinterp.lr_at`).
+
+    Args:
+        dictionary: what to train (its dtype is the training dtype).
+        data: rows ``[n, d_in]`` (an SAE), a pair ``(inputs, targets)`` (a transcoder),
+            sampled with replacement by the run's generator; or an
+            :class:`ActivationBuffer` (harvesting ``cfg.hook_in`` and, for a transcoder,
+            ``cfg.hook_out``). Non-finite rows are refused.
+        steps: updates in all (>= 1); batch_size, lr, warmup_steps: as named.
+        seed: seeds everything random in the run (the buffer has its own seed).
+        checkpoint_dir, checkpoint_every, keep_last, resume: as :func:`vecinterp.train`:
+            checkpoints every ``checkpoint_every`` steps and at the end, keeps the newest
+            ``keep_last``, resumes from the newest one (bit-identical to an uninterrupted
+            run) if ``resume``; the directory is locked for the run. A checkpoint of
+            another config or data is refused, naming what differs.
+        progress: show a tqdm bar.
+        threads: CPU threads (``"auto"``: :func:`vecinterp.choose_threads`, recorded in
+            checkpoints and reused on resume; an int; ``None``: torch's setting).
+        callback: called as ``callback(step, dictionary)`` after each update (``step``
+            counts updates done).
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.dictionary import DictionaryConfig, SparseAutoencoder, train_dictionary
+        >>> sae = SparseAutoencoder(DictionaryConfig(d_in=4, d_sae=8, activation="topk", k=2))
+        >>> result = train_dictionary(sae, torch.randn(256, 4), steps=20, batch_size=32)
+        >>> float(sae.W_dec.detach().norm(dim=1).sub(1).abs().max()) < 1e-6
+        True
+    """
+    if not isinstance(dictionary, SparseDictionary):
+        raise TypeError(
+            f"dictionary must be a SparseAutoencoder or Transcoder, got {type(dictionary).__name__}"
+        )
+    _check_int("steps", steps, 1)
+    _check_int("batch_size", batch_size, 1)
+    _check_real("lr", lr, strict=True)
+    _check_int("warmup_steps", warmup_steps, 0)
+    if warmup_steps > steps:
+        raise ValueError(f"warmup_steps ({warmup_steps}) must be <= steps ({steps})")
+    if schedule not in ("constant", "cosine", "linear"):
+        raise ValueError(f"schedule must be 'constant', 'cosine' or 'linear', got {schedule!r}")
+    _check_real("l1_coeff", l1_coeff)
+    _check_real("aux_coeff", aux_coeff)
+    cfg = dictionary.cfg
+    if aux_k is None:
+        aux_k = max(1, cfg.d_in // 2)
+    _check_int("aux_k", aux_k, 1)
+    _check_int("dead_after", dead_after, 1)
+    if resample_every is not None:
+        _check_int("resample_every", resample_every, 1)
+    _check_int("seed", seed, 0)
+    if checkpoint_every is not None:
+        _check_int("checkpoint_every", checkpoint_every, 1)
+    if keep_last is not None:
+        _check_int("keep_last", keep_last, 1)
+    for name, flag in (("resume", resume), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    check_threads("threads", threads)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+    source = _Data(dictionary, data)
+    config = {
+        "kind": KIND,
+        "dictionary": cfg.to_dict(),
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "warmup_steps": warmup_steps,
+        "schedule": schedule,
+        "l1_coeff": l1_coeff,
+        "aux_coeff": aux_coeff,
+        "aux_k": aux_k,
+        "dead_after": dead_after,
+        "resample_every": resample_every,
+        "seed": seed,
+    }
+    directory = None if checkpoint_dir is None else Path(checkpoint_dir)
+    owner = None if directory is None else own_directory(directory)
+    try:
+        if directory is not None:
+            remove_partial(directory)
+        checkpoint = None
+        if directory is not None and resume:
+            found = list_checkpoints(directory)
+            checkpoint = found[-1] if found else None
+        if checkpoint is not None and not source.resumable:
+            raise ValueError(
+                f"{checkpoint} would be resumed, but the buffer reads an iterable whose "
+                "position cannot be restored: build the ActivationBuffer on a make_batch "
+                "callable, or pass resume=False"
+            )
+        record = None if checkpoint is None else read_record(checkpoint)
+        if record is not None and checkpoint is not None:
+            _check_resumable(record, config, source.fingerprint, checkpoint)
+        count = threads
+        if threads == "auto" and record is not None and "threads" in record:
+            count = int(record["threads"])
+        with use_threads(count) as used:
+            return _run(
+                dictionary, source, config, record, checkpoint, directory,
+                checkpoint_every, keep_last, progress, used, callback,
+            )  # fmt: skip
+    finally:
+        if owner is not None:
+            owner.release()
+
+
+def _check_resumable(
+    record: dict[str, Any], config: dict[str, Any], fingerprint: str, path: Path
+) -> None:
+    saved = record["config"]
+    if saved.get("kind") != KIND:
+        raise ValueError(f"{path} is not a dictionary training checkpoint (vecinterp.train's?)")
+    differ = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} there, {config.get(k)!r} here" for k in differ)
+        raise ValueError(
+            f"{path} was written by a run of another config ({shown}); resume with the same "
+            "settings, or pass another checkpoint_dir or resume=False"
+        )
+    if record["data_fingerprint"] != fingerprint:
+        raise ValueError(
+            f"{path} was trained on other data (another fingerprint): resume on the same "
+            "data, or pass another checkpoint_dir or resume=False"
+        )
+
+
+def _run(
+    dictionary: SparseDictionary,
+    source: _Data,
+    config: dict[str, Any],
+    record: dict[str, Any] | None,
+    checkpoint: Path | None,
+    directory: Path | None,
+    checkpoint_every: int | None,
+    keep_last: int | None,
+    progress: bool,
+    threads: int,
+    callback: Callable[[int, SparseDictionary], None] | None,
+) -> DictionaryTrainResult:
+    cfg = dictionary.cfg
+    steps, batch_size = config["steps"], config["batch_size"]
+    params = list(dictionary.parameters())
+    optimizer = torch.optim.Adam(params, lr=config["lr"], betas=(0.9, 0.999), foreach=True)
+    gen = torch.Generator().manual_seed(config["seed"])
+    since_fired = torch.zeros(cfg.d_sae, dtype=torch.int64)
+    history = {k: torch.zeros(steps, dtype=torch.float64) for k in _HISTORY}
+    start, elapsed = 0, 0.0
+    if record is not None and checkpoint is not None:
+        start, elapsed = record["step"], float(record["elapsed"])
+        saved = load_dictionary(checkpoint / "dictionary")
+        if saved.cfg != cfg:
+            raise ValueError(f"{checkpoint}: the saved dictionary's config is {saved.cfg}")
+        with torch.no_grad():
+            for name, tensor in saved.state_dict().items():
+                dictionary.state_dict()[name].copy_(tensor)
+        file = checkpoint / "optimizer.safetensors"
+        state = unflatten_optimizer(
+            read_tensors(file)[0], record["optimizer"]["param_groups"], file
+        )
+        restore_optimizer(optimizer, state, checkpoint)
+        rng = read_tensors(checkpoint / "rng.safetensors")[0]
+        gen.set_state(rng["generator"])
+        since_fired = rng["since_fired"].clone()
+        source.restore({k: v for k, v in rng.items() if k not in ("generator", "since_fired")})
+        saved_history = read_tensors(checkpoint / "history.safetensors")[0]
+        for k in _HISTORY:
+            history[k][:start] = saved_history[k][:start]
+    n_resampled = 0
+    began = time.perf_counter()
+    every = checkpoint_every
+
+    def save(step: int) -> None:
+        if directory is None:
+            return
+        opt_tensors, groups = flatten_optimizer(optimizer.state_dict())
+        trainer = sealed(
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "step": step,
+                "config": config,
+                "data_fingerprint": source.fingerprint,
+                "elapsed": elapsed + time.perf_counter() - began,
+                "threads": threads,
+                "optimizer": {"type": "Adam", "param_groups": groups},
+            }
+        )
+        rng = {"generator": gen.get_state(), "since_fired": since_fired.clone(), **source.state()}
+
+        def write(tmp: Path) -> None:
+            write_dictionary(dictionary, tmp / "dictionary", {"step": step})
+            for name, tensors in (("optimizer", opt_tensors), ("rng", rng), ("history", history)):
+                tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+                header = {"format": FORMAT, CHECKSUM_KEY: tensor_checksum(tensors)}
+                save_file(tensors, str(tmp / f"{name}.safetensors"), metadata=header)
+            (tmp / TRAINER_FILE).write_text(_json(trainer))
+
+        write_dir_atomically(directory / step_dir_name(step), write)
+        prune(directory, keep_last)
+
+    bar = tqdm(total=steps, initial=start, disable=not progress, desc="dictionary", unit="step")
+    try:
+        for step in range(start, steps):
+            lr = lr_at(
+                step, lr=config["lr"], steps=steps, warmup_steps=config["warmup_steps"],
+                schedule=config["schedule"],
+            )  # fmt: skip
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, target = source.next(batch_size, gen)
+            if (
+                config["resample_every"] is not None
+                and step > 0
+                and step % config["resample_every"] == 0
+                and step <= steps // 2
+            ):
+                dead = since_fired >= config["dead_after"]
+                n_resampled += _resample(dictionary, optimizer, x, target, dead, gen)
+                since_fired = torch.where(dead, 0, since_fired)
+            loss, mse, sparsity, acts = _loss(dictionary, x, target, since_fired, config)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            dictionary.remove_parallel_gradient()
+            optimizer.step()
+            dictionary.normalise_decoder()
+            with torch.no_grad():  # acts >= 0 (ReLU, TopK of ReLU'd values)
+                since_fired = torch.where(acts.amax(0) > 0, 0, since_fired + 1)
+                l0 = torch.count_nonzero(acts) / acts.shape[0]
+            values = (loss.detach(), mse.detach(), sparsity.detach(), l0, torch.tensor(lr))
+            for k, v in zip(_HISTORY, values, strict=True):
+                history[k][step] = v.double()
+            if not math.isfinite(float(values[0])):
+                raise ValueError(
+                    f"the loss became non-finite at step {step}: lower lr (now {lr}) or "
+                    "check the data's scale"
+                )
+            bar.update(1)
+            if progress:
+                bar.set_postfix(mse=f"{float(mse):.4g}", l0=f"{float(l0):.3g}")
+            done = step + 1
+            if directory is not None and (done == steps or (every and done % every == 0)):
+                save(done)
+            if callback is not None:
+                callback(done, dictionary)
+    finally:
+        bar.close()
+    return DictionaryTrainResult(
+        dictionary=dictionary,
+        history=history,
+        steps=steps,
+        resumed_from=start if record is not None else None,
+        threads=threads,
+        n_resampled=n_resampled,
+    )
+
+
+def _json(record: dict[str, Any]) -> str:
+    return json.dumps(record, indent=2, sort_keys=True)
+
+
+def _loss(
+    dictionary: SparseDictionary,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    since_fired: torch.Tensor,
+    config: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cfg = dictionary.cfg
+    pre = dictionary.encode_pre(x)
+    acts = dictionary.hook_sae_acts_post(dictionary.activate(pre))
+    recons = dictionary.decode(acts, x)
+    error = target - recons
+    mse = error.pow(2).sum(-1).mean()
+    if cfg.activation == "relu":
+        sparsity = config["l1_coeff"] * acts.abs().sum(-1).mean()
+    else:
+        dead = since_fired >= config["dead_after"]
+        n_dead = int(dead.sum())
+        if n_dead == 0 or config["aux_coeff"] == 0:
+            sparsity = torch.zeros((), dtype=mse.dtype)
+        else:
+            masked = torch.where(dead, pre, torch.full_like(pre, -math.inf))
+            values, index = masked.topk(min(config["aux_k"], n_dead), dim=-1)
+            aux_acts = torch.zeros_like(pre).scatter(-1, index, torch.relu(values))
+            e = error.detach()
+            e_hat = aux_acts @ dictionary.W_dec
+            scale = (e - e.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-30)
+            sparsity = config["aux_coeff"] * (e - e_hat).pow(2).sum(-1).mean() / scale
+    return mse + sparsity, mse, sparsity, acts.detach()
+
+
+@torch.no_grad()
+def _resample(
+    dictionary: SparseDictionary,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    dead: torch.Tensor,
+    gen: torch.Generator,
+) -> int:
+    """Re-initialise the dead features from the batch's worst-reconstructed rows."""
+    index = dead.nonzero().flatten()
+    if index.numel() == 0:
+        return 0
+    recons = dictionary.decode(dictionary.encode(x), x)
+    error = target - recons
+    weight = error.pow(2).sum(-1).pow(2).double()
+    if float(weight.sum()) <= 0:
+        return 0
+    rows = torch.multinomial(weight, index.numel(), replacement=True, generator=gen)
+    if dictionary.cfg.transcoder:
+        enc_dir, dec_dir = x[rows], error[rows]
+    else:
+        enc_dir = dec_dir = x[rows] - dictionary.b_dec
+    enc_dir = enc_dir / enc_dir.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    dec_dir = dec_dir / dec_dir.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    alive = ~dead
+    enc_norm = dictionary.W_enc[:, alive].norm(dim=0).mean() if bool(alive.any()) else 1.0
+    dictionary.W_dec[index] = dec_dir
+    # Bricken et al.'s 0.2 for ReLU; TopK: the live features' norm, so a resampled
+    # feature can win a place among the k largest
+    scale = 0.2 if dictionary.cfg.activation == "relu" else 1.0
+    dictionary.W_enc[:, index] = (enc_dir * scale * enc_norm).T
+    dictionary.b_enc[index] = 0
+    for param, cut in ((dictionary.W_dec, (index,)), (dictionary.W_enc, (slice(None), index)),
+                       (dictionary.b_enc, (index,))):  # fmt: skip
+        for value in optimizer.state.get(param, {}).values():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                value[cut] = 0
+    return int(index.numel())
