@@ -11,6 +11,10 @@ Layout of ``checkpoint_dir/step_00000500/`` (the state after 500 updates)::
 
 Written atomically and checksummed, under the directory lock, with the same refusals as
 :func:`vecinterp.train` (see :mod:`vecinterp.training.checkpoint`).
+
+One file although it is long: the loop, what its checkpoints write and how a resume reads
+them back must change together (a field written and not read back breaks exact resume),
+and a reader checks that by reading one file.
 """
 
 import functools
