@@ -147,7 +147,7 @@ def _attention(
 
 
 def _per_sequence(v: dict[str, Any], patterns: torch.Tensor, batch: ar.AffineBatch) -> None:
-    """Claims 3 and 4 read per sequence (the paper's Figures 4 and 15-16 show one sequence
+    """Claims 3 and 4 read per sequence (the paper's Figures 4, 5 and 6 show one sequence
     each), reported by the recurrence's ``c``: averaging over sequences mixes kinds of
     sequence whose patterns differ."""
     c = batch.c.to(torch.float64)
@@ -462,7 +462,6 @@ def _qk_patch(
         matched = patch_qk_identity(matched, 2, [h], seed=seed, scale=float(frob[h]))
     variants = {
         "seed+1": patch_qk_identity(net, 2, heads, seed=seed + 1),
-        "top": patch_qk_identity(net, 2, top, seed=seed),
         "all": patch_qk_identity(net, 2, "all", seed=seed),
         "matched": matched,
     }
