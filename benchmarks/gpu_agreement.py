@@ -13,8 +13,8 @@ few 1e-6 on outputs, larger where a quantity is a difference of near-equal numbe
   (bitwise, same kernels on the same data: a cuBLAS or SDPA kernel that is not
   deterministic would show here).
 
-Each check prints one row and a failing check does not stop the others. Needs CUDA (``--device cpu`` is a
-dry run of the script itself)::
+Each check prints one row and a failing check does not stop the others. Needs CUDA
+(``--device cpu`` is a dry run of the script itself)::
 
     python benchmarks/gpu_agreement.py
 """
@@ -123,7 +123,9 @@ def main() -> None:
         if set(c_gpu.keys()) != set(c_cpu.keys()):
             return False, "different hook names cached"
         worst = max((rel_err(c_gpu[k], c_cpu[k])[0], k) for k in c_cpu.keys())
-        return worst[0] < tol, f"{len(list(c_cpu.keys()))} activations, worst {worst[1]} rel {worst[0]:.2e}"
+        return worst[
+            0
+        ] < tol, f"{len(list(c_cpu.keys()))} activations, worst {worst[1]} rel {worst[0]:.2e}"
 
     check("run_with_cache, every activation", cache)
 
@@ -153,7 +155,10 @@ def main() -> None:
         pop = ar.generate(512, seed=7, length=14).inputs
         kw = dict(kind="mean", loss_mask=batch.loss_mask, progress=False)
         s_gpu = vi.head_ablation_sweep(
-            gpu, x_gpu, batch.targets.to(dev), population=pop.to(dev),
+            gpu,
+            x_gpu,
+            batch.targets.to(dev),
+            population=pop.to(dev),
             **{**kw, "loss_mask": batch.loss_mask.to(dev)},
         )
         s_cpu = vi.head_ablation_sweep(cpu, x_cpu, batch.targets, population=pop, **kw)
@@ -202,7 +207,10 @@ def main() -> None:
             s1, s3 = m1.state_dict(), m3.state_dict()
             same = all(torch.equal(s1[k].cpu(), s3[k].cpu()) for k in s1)
             worst = max(rel_err(s3[k], s1[k])[0] for k in s1)
-        return same, f"40 steps vs 20 + resume to 40: {'bitwise equal' if same else f'max rel {worst:.2e}'}"
+        return (
+            same,
+            f"40 steps vs 20 + resume to 40: {'bitwise equal' if same else f'max rel {worst:.2e}'}",
+        )
 
     check("vi.train on CUDA, run vs resume", train_resume)
 

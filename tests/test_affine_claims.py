@@ -565,3 +565,39 @@ def test_lazy_claim_figures_written_in_workers_are_the_eager_ones(result, tmp_pa
     for name in ac.FIGURES:
         assert (lazy_dir / f"{name}.png").read_bytes() == (eager_dir / f"{name}.png").read_bytes()
     assert plt.get_fignums() == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_measure_claims_on_cuda_agrees_with_the_cpu(result):
+    """On a CUDA model every number agrees with the CPU's within float64 rounding of
+    different kernels, and every verdict is the same (it once failed on an index tensor
+    built on the CPU: benchmarks/README.md, the GPU section)."""
+    on_gpu = ac.measure_claims(tiny().cuda(), **SIZES)
+    assert [(c.label, c.verdict) for c in on_gpu.claims] == [
+        (c.label, c.verdict) for c in result.claims
+    ]
+    flat_gpu = _flatten(on_gpu.values)
+    flat_cpu = _flatten(result.values)
+    assert flat_gpu.keys() == flat_cpu.keys()
+    for key, expected in flat_cpu.items():
+        got = flat_gpu[key]
+        if isinstance(expected, float) and isinstance(got, float):
+            assert got == pytest.approx(expected, rel=1e-6, abs=1e-9, nan_ok=True), key
+        else:
+            assert got == expected, key
+
+
+def _flatten(value, prefix=""):
+    if isinstance(value, dict):
+        return {
+            k: v
+            for key, item in value.items()
+            for k, v in _flatten(item, f"{prefix}.{key}").items()
+        }
+    if isinstance(value, list | tuple):
+        return {
+            k: v
+            for i, item in enumerate(value)
+            for k, v in _flatten(item, f"{prefix}[{i}]").items()
+        }
+    return {prefix: value}

@@ -105,8 +105,8 @@ def _attention(
 ) -> None:
     n_pos = patterns.shape[-1]
     alt = batch.alternating
-    prev_target = torch.arange(n_pos) - 1  # row d -> d - 1 (row 0: none)
-    pos1_target = torch.where(torch.arange(n_pos) >= 2, 1, -1)  # rows d >= 2 -> 1
+    prev_target = torch.arange(n_pos, device=patterns[0].device) - 1  # row d -> d - 1 (row 0: none)
+    pos1_target = torch.where(prev_target >= 1, 1, -1)  # rows d >= 2 -> 1
     v["prev"] = previous_position_score(patterns[0]).tolist()
     v["prev_argmax"] = _argmax_share(patterns[0], prev_target)
     v["prev_lengths"] = _mean_lists([previous_position_score(r.patterns[0]).tolist() for r in runs])
