@@ -183,6 +183,15 @@ class _Data:
         x = self.tensors[0][index]
         return x, x if self.tensors[1] is self.tensors[0] else self.tensors[1][index]
 
+    def mean(self, first: torch.Tensor) -> torch.Tensor:
+        """The input rows' mean: of all the tensors, or of the buffer's store after the
+        first batch (``first``, the first batch itself if the store is empty)."""
+        if self.tensors is not None:
+            return self.tensors[0].double().mean(0).to(first.dtype)
+        store = getattr(self.buffer, "rows", None)
+        rows = store[self.names[0]] if store else first
+        return rows.double().mean(0).to(first.dtype)
+
     @property
     def resumable(self) -> bool:
         return self.buffer is None or self.buffer.resumable
@@ -208,6 +217,7 @@ def train_dictionary(
     l0_coeff: float = 1e-3,
     sparsity_warmup_steps: int = 0,
     threshold_lr: float = 0.01,
+    b_dec: str | None = None,
     aux_coeff: float = 1 / 32,
     aux_k: int | None = None,
     dead_after: int = 1000,
@@ -295,6 +305,16 @@ def train_dictionary(
             f"sparsity_warmup_steps ({sparsity_warmup_steps}) must be <= steps ({steps})"
         )
     _check_real("threshold_lr", threshold_lr)
+    cfg = dictionary.cfg
+    if b_dec is None:
+        b_dec = "learn" if cfg.transcoder else "centre"
+    if b_dec not in ("centre", "learn"):
+        raise ValueError(f"b_dec must be 'centre' or 'learn' (or None), got {b_dec!r}")
+    if b_dec == "centre" and cfg.transcoder:
+        raise ValueError(
+            "b_dec='centre' is for SAEs (their pre-encoder bias); a transcoder's b_dec is an "
+            "output bias: b_dec='learn'"
+        )
     if threshold_lr > 1:
         raise ValueError(f"threshold_lr must be in [0, 1], got {threshold_lr!r}")
     _check_real("aux_coeff", aux_coeff)
@@ -329,6 +349,7 @@ def train_dictionary(
         "l0_coeff": l0_coeff,
         "sparsity_warmup_steps": sparsity_warmup_steps,
         "threshold_lr": threshold_lr,
+        "b_dec": b_dec,
         "aux_coeff": aux_coeff,
         "aux_k": aux_k,
         "dead_after": dead_after,
@@ -401,7 +422,13 @@ def _run(
 ) -> DictionaryTrainResult:
     cfg = dictionary.cfg
     steps, batch_size = config["steps"], config["batch_size"]
-    params = list(dictionary.parameters())
+    centre = config["b_dec"] == "centre"
+    b_dec_grad = dictionary.b_dec.requires_grad
+    if centre:  # held at the data's mean, set below at step 0 of a fresh run
+        dictionary.b_dec.requires_grad_(False)
+    params = [p for p in dictionary.parameters() if p.requires_grad or p is dictionary.b_dec]
+    if centre:
+        params = [p for p in params if p is not dictionary.b_dec]
     optimizer = torch.optim.Adam(params, lr=config["lr"], betas=(0.9, 0.999), foreach=True)
     gen = torch.Generator().manual_seed(config["seed"])
     since_fired = torch.zeros(cfg.d_sae, dtype=torch.int64)
@@ -477,6 +504,9 @@ def _run(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, target = source.next(batch_size, gen)
+            if centre and step == 0:
+                with torch.no_grad():
+                    dictionary.b_dec.copy_(source.mean(x))
             if (
                 resample_every is not None
                 and step > 0
@@ -520,6 +550,7 @@ def _run(
                 callback(done, dictionary)
     finally:
         bar.close()
+        dictionary.b_dec.requires_grad_(b_dec_grad)
     return DictionaryTrainResult(
         dictionary=dictionary,
         history=_history(table),
