@@ -78,7 +78,7 @@ def jumprelu(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Te
         >>> jumprelu(z, torch.tensor([0.1, 0.1, 0.1]), bandwidth=0.1)
         tensor([[0.5000, 0.0000, -0.0000]])
     """
-    return _JumpReLU.apply(z, theta, bandwidth)  # type: ignore[no-any-return]
+    return _JumpReLU.apply(z, theta, bandwidth)
 
 
 def step(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
@@ -91,4 +91,4 @@ def step(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor
         >>> step(torch.tensor([[0.5, 0.05, -1.0]]), torch.tensor([0.1, 0.1, 0.1]), 0.1)
         tensor([[1., 0., 0.]])
     """
-    return _Step.apply(z, theta, bandwidth)  # type: ignore[no-any-return]
+    return _Step.apply(z, theta, bandwidth)

