@@ -248,15 +248,35 @@ def train_dictionary(
       minus ``b_dec``; a transcoder's error), normalised, the encoder column the same
       direction times 0.2 times the mean norm of the live columns, the bias zero, and
       Adam's moments of those weights zero.
-    - TopK: the auxiliary loss of Gao et al. 2024 (arXiv 2406.04093):
+    - TopK and BatchTopK: the auxiliary loss of Gao et al. 2024 (arXiv 2406.04093):
       ``aux_coeff * |e - e_hat|^2 / |e - mean e|^2`` where ``e`` is the residual error and
       ``e_hat`` its reconstruction from the ``aux_k`` (default ``d_in // 2``, at least 1)
-      largest pre-activations of the dead features, while any feature is dead.
+      largest pre-activations of the dead features, while any feature is dead. BatchTopK
+      trains on the batch's ``n * k`` largest activations and estimates its inference
+      threshold as a running mean (rate ``threshold_lr``) of the smallest activation kept
+      in each batch (Bussmann et al. 2024, arXiv 2412.06410).
+    - JumpReLU: ``l0_coeff * mean_row sum H(pre - theta)`` through the straight-through
+      estimators of Rajamanoharan et al. 2024 (arXiv 2407.14435), with the config's
+      ``bandwidth``.
 
-    A parameter with ``requires_grad=False`` stays as it is (e.g. an SAE's ``b_dec`` held
-    at the data's centre). Resampling (``resample_every``) works for TopK too, with the
-    encoder column at the live columns' mean norm (not 0.2 of it), so that a resampled
-    feature can win a place among the ``k`` largest.
+    The sparsity coefficient (``l1_coeff``, ``l0_coeff``) ramps up linearly over
+    ``sparsity_warmup_steps`` (Conerly et al.'s April 2024 update). Resampling
+    (``resample_every``) works for every architecture, with the encoder column at the
+    live columns' mean norm for all but ReLU (not 0.2 of it), so that a resampled feature
+    can win a place among the ``k`` largest (a JumpReLU feature's threshold restarts at
+    0.001).
+
+    An SAE's pre-encoder bias ``b_dec`` is by default (``b_dec=None`` or ``"centre"``) set
+    to the data's mean at the start of a fresh run (of all the rows; of a buffer's store)
+    and held there: learned from zero, it drifts in the first steps while the rows are
+    still random, and the rows settle tilted by it (on the planted test, TopK's minimum
+    cosine 0.93 instead of 1.0000). ``b_dec="learn"`` trains it; a transcoder's
+    ``b_dec`` (an output bias) is always learned. Any other parameter with
+    ``requires_grad=False`` stays as it is.
+
+    A recipe that recovers planted features (``tests/test_dictionary_planted.py``):
+    ``lr=6e-2, schedule="linear", l1_coeff=0.1, steps=2000, resample_every=50,
+    dead_after=50`` for ReLU + L1 on rows of norm ~1; ``lr=1e-2`` and 600 steps for TopK.
 
     The learning rate warms up linearly over ``warmup_steps``, then follows ``schedule``
     (``"constant"``, ``"cosine"`` or ``"linear"`` decay to 0, see :func:`vecinterp.lr_at`).
@@ -279,6 +299,8 @@ def train_dictionary(
             checkpoints and reused on resume; an int; ``None``: torch's setting).
         callback: called as ``callback(step, dictionary)`` after each update (``step``
             counts updates done).
+        l1_coeff, l0_coeff, aux_coeff, aux_k, threshold_lr, sparsity_warmup_steps,
+            dead_after, resample_every, b_dec: as described above.
 
     Example:
         >>> import torch
