@@ -109,7 +109,7 @@ def test_decoder_constraint_and_parallel_gradient():
         ({"d_in": 0, "d_sae": 4}, "d_in must be an int >= 1"),
         ({"d_in": 4, "d_sae": 3, "activation": "topk", "k": 4}, r"1 <= k <= d_sae \(3\)"),
         ({"d_in": 4, "d_sae": 3, "activation": "topk"}, "k must be an int"),
-        ({"d_in": 4, "d_sae": 3, "k": 2}, "k is for activation='topk' only"),
+        ({"d_in": 4, "d_sae": 3, "k": 2}, "k is for activation='topk' or 'batchtopk' only"),
         ({"d_in": 4, "d_sae": 3, "activation": "gelu"}, "activation must be one of"),
         ({"d_in": 4, "d_sae": 3, "skip": True}, "transcoders only"),
         ({"d_in": 4, "d_sae": 3, "d_out": 5}, "d_out must be d_in"),

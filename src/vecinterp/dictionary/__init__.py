@@ -2,7 +2,8 @@
 activations, training, evaluation and files.
 
 - :class:`SparseAutoencoder`, :class:`Transcoder` (built from a :class:`DictionaryConfig`):
-  hooked modules with SAELens's hook names.
+  hooked modules with SAELens's hook names; ReLU + L1, TopK, BatchTopK and JumpReLU
+  (:mod:`vecinterp.dictionary.jumprelu`: its straight-through estimators).
 - :func:`harvest_activations`, :class:`ActivationBuffer`: activations of any
   :class:`~vecinterp.HookedVectorTransformer` at named hook points and positions.
 - :func:`train_dictionary`: a seeded, checkpointed, exactly resumable training loop.

@@ -10,8 +10,20 @@ Both rewrite an activation as a sparse sum of learned directions, the **rows** o
   another, ``acts = f(x @ W_enc + b_enc)``, ``recons = acts @ W_dec + b_dec`` (+
   ``x @ W_skip`` with the optional linear skip).
 
-``f`` is ReLU (trained with an L1 penalty) or TopK (Gao et al. 2024, arXiv 2406.04093:
-keep the ``k`` largest pre-activations, ReLU'd, zero the rest).
+``f`` is one of (``DictionaryConfig.activation``):
+
+- ``"relu"``, trained with an L1 penalty (Bricken et al., "Towards Monosemanticity", 2023);
+- ``"topk"`` (Gao et al., "Scaling and evaluating sparse autoencoders", 2024, arXiv
+  2406.04093): keep each row's ``k`` largest pre-activations, ReLU'd, zero the rest;
+- ``"batchtopk"`` (Bussmann et al., "BatchTopK Sparse Autoencoders", 2024, arXiv
+  2412.06410): in training, keep the ``batch * k`` largest pre-activations of the whole
+  batch (rows may use more or fewer than ``k``); at inference (:meth:`~SparseDictionary.
+  activate`), ``pre * 1{pre > threshold}`` with one learned global ``threshold`` (a
+  buffer, estimated during training), so a row's code does not depend on its batch;
+- ``"jumprelu"`` (Rajamanoharan et al., "Jumping Ahead: Improving Reconstruction Fidelity
+  with JumpReLU Sparse Autoencoders", 2024, arXiv 2407.14435): ``pre * 1{pre >
+  theta}`` with a learned threshold per feature, ``theta = exp(log_threshold)``, trained
+  with an L0 penalty through straight-through estimators (:mod:`.jumprelu`).
 
 Hook points, by SAELens's names: ``hook_sae_input`` (x), ``hook_sae_acts_pre``,
 ``hook_sae_acts_post`` (the feature activations), ``hook_sae_recons`` and, with
@@ -21,6 +33,7 @@ the module returns its target exactly).
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +42,14 @@ from jaxtyping import Float
 from torch import nn
 
 from ..hooks import HookedModule, HookPoint
+from .jumprelu import jumprelu
 
-ACTIVATIONS = ("relu", "topk")
+ACTIVATIONS = ("relu", "topk", "batchtopk", "jumprelu")
 """The activation functions a dictionary may use."""
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_WITH_K = ("topk", "batchtopk")
+JUMPRELU_INIT_THRESHOLD = 0.001
+"""A JumpReLU dictionary's thresholds at the start (SAELens's default)."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +60,10 @@ class DictionaryConfig:
     Attributes:
         d_in: width of the activation read (the SAE's and the transcoder's input), >= 1.
         d_sae: number of features (dictionary rows), >= 1.
-        activation: ``"relu"`` (trained with an L1 penalty) or ``"topk"``.
-        k: active features per row for ``"topk"`` (``1 <= k <= d_sae``); ``None`` else.
+        activation: ``"relu"`` (trained with an L1 penalty), ``"topk"``, ``"batchtopk"``
+            or ``"jumprelu"`` (trained with an L0 penalty); see :mod:`.modules`.
+        k: active features per row for ``"topk"`` (mean per row for ``"batchtopk"``;
+            ``1 <= k <= d_sae``); ``None`` for the others.
         d_out: a transcoder's output width (``None``: ``d_in``); an SAE's is ``d_in``.
         transcoder: whether this is a transcoder (reads ``hook_in``, predicts ``hook_out``).
         skip: a transcoder's linear skip ``W_skip [d_in, d_out]`` (transcoders only).
@@ -52,6 +71,10 @@ class DictionaryConfig:
             from an :class:`ActivationBuffer`).
         hook_out: the hook point a transcoder predicts (optional, transcoders only).
         dtype: ``"float32"`` or ``"float64"``.
+        bandwidth: the width ``eps`` of JumpReLU's rectangle kernel (its pseudo-derivatives
+            see pre-activations within ``eps / 2`` of the threshold); > 0. The paper's
+            0.001 suits activations of unit mean squared norm; scale it with the data.
+            Ignored by the other activations.
 
     Example:
         >>> from vecinterp.dictionary import DictionaryConfig
@@ -74,6 +97,7 @@ class DictionaryConfig:
     hook_in: str | None = None
     hook_out: str | None = None
     dtype: str = "float32"
+    bandwidth: float = 0.001
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_sae"):
@@ -82,15 +106,26 @@ class DictionaryConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.activation == "topk":
+        if self.activation in _WITH_K:
             k = self.k
             if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.d_sae:
                 raise ValueError(
                     f"k must be an int with 1 <= k <= d_sae ({self.d_sae}) for "
-                    f"activation='topk', got {k!r}"
+                    f"activation={self.activation!r}, got {k!r}"
                 )
         elif self.k is not None:
-            raise ValueError(f"k is for activation='topk' only; got k={self.k!r} with 'relu'")
+            raise ValueError(
+                f"k is for activation='topk' or 'batchtopk' only; got k={self.k!r} with "
+                f"{self.activation!r}"
+            )
+        bandwidth = self.bandwidth
+        if (
+            isinstance(bandwidth, bool)
+            or not isinstance(bandwidth, int | float)
+            or not math.isfinite(bandwidth)
+            or bandwidth <= 0
+        ):
+            raise ValueError(f"bandwidth must be a finite number > 0, got {bandwidth!r}")
         for name in ("transcoder", "skip"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -149,6 +184,10 @@ class SparseDictionary(HookedModule):
         W_dec: ``[d_sae, d_out]``, unit-norm rows (the feature directions); ``b_dec``:
             ``[d_out]`` (an SAE's is also its pre-encoder bias).
         W_skip: ``[d_in, d_out]`` for a transcoder with ``skip``, else ``None``.
+        log_threshold: ``[d_sae]`` (``"jumprelu"`` only), the log of each feature's
+            threshold (a parameter; starts at log 0.001).
+        threshold: ``[]`` (``"batchtopk"`` only), the global inference threshold (a
+            buffer, 0 until :func:`~vecinterp.dictionary.train_dictionary` estimates it).
         use_error_term: add ``hook_sae_error`` (target - recons) to the output, so the
             output is the target exactly (default ``False``: the output is ``recons``).
 
@@ -161,6 +200,8 @@ class SparseDictionary(HookedModule):
     """
 
     W_skip: nn.Parameter | None
+    log_threshold: nn.Parameter | None
+    threshold: torch.Tensor | None
 
     def __init__(self, cfg: DictionaryConfig, seed: int = 0):
         super().__init__()
@@ -185,6 +226,14 @@ class SparseDictionary(HookedModule):
         self.b_enc = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype))
         self.W_skip = nn.Parameter(torch.zeros(d_in, d_out, dtype=dtype)) if cfg.skip else None
+        self.log_threshold = None
+        if cfg.activation == "jumprelu":
+            start = torch.full((d_sae,), math.log(JUMPRELU_INIT_THRESHOLD), dtype=dtype)
+            self.log_threshold = nn.Parameter(start)
+        if cfg.activation == "batchtopk":
+            self.register_buffer("threshold", torch.zeros((), dtype=dtype))
+        else:
+            self.threshold = None
         self.use_error_term = False
         self.hook_sae_input = HookPoint()
         self.hook_sae_acts_pre = HookPoint()
@@ -195,12 +244,42 @@ class SparseDictionary(HookedModule):
 
     # -- the pieces of the forward pass ----------------------------------------------
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
-        """The activation function on pre-activations ``[..., d_sae]``: ReLU, or TopK
-        (the ``k`` largest kept and ReLU'd, the rest zero)."""
-        if self.cfg.activation == "relu":
+        """The activation function at inference on pre-activations ``[..., d_sae]``: ReLU;
+        TopK (each row's ``k`` largest kept and ReLU'd, the rest zero); BatchTopK's
+        ``pre * 1{pre > threshold}`` (with the threshold 0 of an untrained one: ReLU);
+        JumpReLU's ``pre * 1{pre > exp(log_threshold)}``. Rows are independent."""
+        activation = self.cfg.activation
+        if activation == "relu":
             return torch.relu(pre)
-        values, index = pre.topk(int(self.cfg.k or 1), dim=-1)
-        return torch.zeros_like(pre).scatter(-1, index, torch.relu(values))
+        if activation == "topk":
+            values, index = pre.topk(int(self.cfg.k or 1), dim=-1)
+            return torch.zeros_like(pre).scatter(-1, index, torch.relu(values))
+        if activation == "batchtopk":
+            assert self.threshold is not None
+            return pre * (pre > self.threshold.clamp_min(0)).to(pre.dtype)
+        assert self.log_threshold is not None
+        return jumprelu(pre, self.log_threshold.exp(), self.cfg.bandwidth)
+
+    def activate_batch(self, pre: torch.Tensor) -> torch.Tensor:
+        """The activation function in training: as :meth:`activate`, except BatchTopK,
+        which keeps the ``n * k`` largest ReLU'd pre-activations of all ``n`` rows of
+        ``pre [..., d_sae]`` together (ties: the lower flat index first) and zeros the rest.
+
+        Example:
+            >>> import torch
+            >>> from vecinterp.dictionary import DictionaryConfig, SparseAutoencoder
+            >>> sae = SparseAutoencoder(DictionaryConfig(d_in=2, d_sae=3,
+            ...                         activation="batchtopk", k=1))
+            >>> sae.activate_batch(torch.tensor([[3.0, 2.0, 0.0], [1.0, 0.5, -1.0]]))
+            tensor([[3., 2., 0.],
+                    [0., 0., 0.]])
+        """
+        if self.cfg.activation != "batchtopk":
+            return self.activate(pre)
+        flat = torch.relu(pre).reshape(-1)
+        keep = min(flat.numel(), (flat.numel() // self.cfg.d_sae) * int(self.cfg.k or 1))
+        values, index = flat.topk(keep, sorted=False)
+        return torch.zeros_like(flat).scatter(0, index, values).reshape(pre.shape)
 
     def encode_pre(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
         """The pre-activations of ``x`` (through ``hook_sae_input`` and
