@@ -53,6 +53,7 @@ def make_batch(step: int, gen: torch.Generator):
 
 
 EVAL = [make_batch(1, torch.Generator().manual_seed(99)) for _ in range(2)]
+FROZEN = ["unembed.b_U", "blocks.0.attn.W_Q"]
 KW = dict(steps=10, lr=3e-2, grad_clip=0.5, ema_decay=0.8, ema_start=2, eval_data=EVAL,
           eval_every=4, progress=False, device="cpu")  # fmt: skip
 
@@ -88,6 +89,8 @@ def scenarios(rank: int, out: Path) -> dict:
     """Everything the ranks run on one process group (initialised by the test)."""
     seen: dict = {}
     seen["ddp"] = attempt(lambda: outcome(train(start_model(), make_batch, **KW)))
+    seen["frozen"] = attempt(lambda: outcome(train(start_model(), make_batch, **KW,
+                                                   frozen=FROZEN)))  # fmt: skip
 
     calls = {"write": 0, "lock": 0, "callback": []}
     write, lock = loop.write_checkpoint, loop.own_directory
@@ -199,6 +202,19 @@ def test_two_ranks_train_what_one_process_trains_on_the_global_batch(ranks, sing
     x = make_batch(0, torch.Generator().manual_seed(7))[0]
     torch.testing.assert_close(as_model(first["model"])(x), as_model(single["model"])(x),
                                rtol=1e-9, atol=1e-12)  # fmt: skip
+
+
+def test_two_ranks_keep_frozen_parameters_as_one_process_does(ranks):
+    """train(frozen=...) under DDP: the frozen parameters keep their bits on every rank
+    (DDP's reducer skips parameters that take no gradient), the others train as one
+    process trains them."""
+    first, second = ok(ranks[0]["frozen"]), ok(ranks[1]["frozen"])
+    assert_same(first, second, exact=True)
+    assert_same(first, outcome(train(start_model(), make_batch, **KW, frozen=FROZEN)), exact=False)
+    start = start_model().state_dict()
+    for part in ("model", "raw"):
+        for name, p in first[part].items():
+            assert torch.equal(p, start[name]) == (name in FROZEN), (part, name)
 
 
 def test_a_mean_of_the_shards_means_would_differ(single):

@@ -129,6 +129,7 @@ def train_ensemble(
     sync_every: int = 50,
     threads: int | str | None = "auto",
     compile: bool = False,
+    frozen: object = None,
 ) -> EnsembleResult:
     """Train K models of one config at once, as one batched computation: K times
     :func:`vecinterp.train`.
@@ -226,6 +227,9 @@ def train_ensemble(
       backward) with ``torch.compile``; the masked losses, clipping and AdamW stay as
       they are. Members equal the eager ensemble's to rounding (tested); the checks and
       checkpoints are those of the eager ensemble. See :doc:`/howto_compile`.
+    - ``frozen``: not supported by the ensemble (its batched AdamW updates every stacked
+      parameter); anything but ``None`` raises ``NotImplementedError``. Train the members
+      one by one with ``vi.train(..., frozen=...)``.
 
     Checkpoints: ``checkpoint_dir/member_003/step_00000500/`` is member 3's
     :func:`vecinterp.train` checkpoint after 500 updates (its config, optimizer state,
@@ -251,6 +255,7 @@ def train_ensemble(
         FileExistsError: checkpoints exist and ``resume=False``.
         TrainingDivergedError: see ``on_divergence``.
         RankFailedError: across ranks, on every rank but the one that failed.
+        NotImplementedError: ``frozen`` other than ``None``.
 
     Example:
         >>> import torch, vecinterp as vi
@@ -269,6 +274,12 @@ def train_ensemble(
         >>> bool(torch.allclose(alone.model.W_E, out.models[2].W_E, atol=1e-5))
         True
     """
+    if frozen is not None:
+        raise NotImplementedError(
+            f"train_ensemble does not support frozen= (got {frozen!r}): its batched AdamW "
+            "step updates every parameter of every member. Train the members one by one "
+            "with vi.train(..., frozen=...), which does"
+        )
     members = check_models(models)
     check_trainable({f"models[{i}]": member for i, member in enumerate(members)})
     check_threads(threads)
@@ -319,7 +330,7 @@ def train_ensemble(
         leaves = [stacked[name] for name in names]
 
         def make_optimizer(net: HookedVectorTransformer, rate: float) -> torch.optim.Optimizer:
-            return _adamw(net, lr=rate, betas=(betas[0], betas[1]), eps=eps,
+            return _adamw(list(net.parameters()), lr=rate, betas=(betas[0], betas[1]), eps=eps,
                           weight_decay=weight_decay)  # fmt: skip
 
         state = ck.AdamState(

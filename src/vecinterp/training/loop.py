@@ -34,7 +34,16 @@ from .data import MakeBatchSource, StreamSource, Tensors, fingerprint, step_loss
 from .distributed import Ranks, join_ranks, rank_rng
 from .result import TrainHistory, TrainingDivergedError, TrainResult
 from .schedule import check_int, check_schedule, lr_at
-from .setup import check_args, check_ema, check_threads, check_trainable, make_eval, make_source
+from .setup import (
+    Frozen,
+    check_args,
+    check_ema,
+    check_threads,
+    check_trainable,
+    make_eval,
+    make_source,
+    resolve_frozen,
+)
 
 Data = Iterable[Any] | Callable[[int, torch.Generator], Any]
 """Training data: an iterable of batches, or ``make_batch(step, generator) -> batch``."""
@@ -69,6 +78,7 @@ def train(
     sync_every: int = 50,
     threads: int | str | None = "auto",
     compile: bool = False,
+    frozen: Frozen = None,
 ) -> TrainResult:
     r"""Train ``model`` on ``data`` with the masked MSE and AdamW; checkpoint and resume.
 
@@ -151,6 +161,23 @@ def train(
     steps, for 50 steps or more and 10 s or more, a :class:`~vecinterp.SlowTrainingWarning`
     says so (once).
 
+    Frozen parameters: ``frozen`` names parameters (as ``model.named_parameters()`` names
+    them, e.g. ``"unembed.b_U"``) or gives predicates ``name -> bool`` that choose them,
+    and the run keeps them at their values in ``model``, bit for bit: they take no
+    gradient, are left out of AdamW (so weight decay does not shrink them either), out of
+    the norm that ``grad_clip`` clips (the norm is that of the trained parameters'
+    gradients alone, as in a plain loop whose optimizer and ``clip_grad_norm_`` are given
+    only the trained parameters) and out of the weight average (which holds them at their
+    values too). It is the value ``model`` holds that is kept: a freshly initialised
+    model's biases are zeros (``HookedVectorTransformer.init_weights``), so
+    ``frozen=["unembed.b_U"]`` on one is ARENA's ``Unembed``, whose ``b_U`` stays 0.
+    ``model`` itself is never changed (its ``requires_grad`` flags are not read: freeze
+    with ``frozen``), and the returned models' parameters all take gradients again, as
+    any model's do; ``result.optimizer`` holds the trained parameters only. Checkpoints
+    record the sorted names (``trainer.json``'s ``config["frozen"]``) and a resume with
+    another set is refused. Under ``torchrun`` and with ``compile=True`` alike;
+    :func:`~vecinterp.train_ensemble` refuses it.
+
     Data-parallel: under ``torchrun --nproc_per_node N`` (or with ``torch.distributed``
     initialised) every rank runs this same call. Each draws the global batch and trains on
     its share of the rows with ``DistributedDataParallel``; the model equals one process's
@@ -163,13 +190,15 @@ def train(
         data: ``make_batch(step, generator)`` or an iterable of batches (see above).
         steps: number of updates (>= 1).
         lr: peak learning rate (> 0).
-        weight_decay: AdamW's decoupled weight decay (>= 0), on every parameter.
+        weight_decay: AdamW's decoupled weight decay (>= 0), on every parameter that is
+            trained (none of ``frozen``).
         betas, eps: AdamW's moment decay rates (each in [0, 1)) and epsilon (> 0).
         warmup_steps: linear warm-up length, ``0 .. steps``.
         schedule: ``"constant"``, ``"cosine"`` or ``"linear"`` (the last two decay to
             ``min_lr`` at ``steps``).
         min_lr: the decay's floor, ``0 .. lr``.
-        grad_clip: clip the total gradient norm to this (> 0); ``None``: no clipping.
+        grad_clip: clip the total gradient norm (of the trained parameters) to this (> 0);
+            ``None``: no clipping.
         ema_decay: keep an exponential moving average of the weights with this decay
             (in (0, 1), e.g. 0.998: a horizon of about 500 updates) and return it;
             ``None``: no average.
@@ -211,6 +240,14 @@ def train(
             previous count restored when the run ends): ``"auto"`` (default) the idle
             cores, or the count recorded by the checkpoint resumed from; an int >= 1 that
             count; ``None`` torch's setting as it is. See "Threads".
+        frozen: parameters kept at their values in ``model`` (see "Frozen parameters"):
+            a name as ``model.named_parameters()`` gives it (``"unembed.b_U"``), a
+            predicate ``name -> bool`` (``lambda name: name.endswith(".b_K")``), or a list
+            of names and predicates (their union). ``None`` (default) or ``[]``: every
+            parameter is trained. Unknown names (the error lists close matches and the
+            model's names), a name given twice, entries that are neither strings nor
+            callables, a predicate that raises, returns a non-bool or selects nothing, and
+            freezing every parameter are refused naming ``frozen``.
 
     Returns:
         A :class:`~vecinterp.training.result.TrainResult` with the trained model (the
@@ -238,6 +275,13 @@ def train(
         >>> result = train(model, make_batch, steps=30, lr=1e-2, progress=False, device="cpu")
         >>> result.history.train_loss[-1] < result.history.train_loss[0]
         True
+
+        Keep the output bias at its initial zeros (ARENA's ``Unembed``):
+
+        >>> fixed = train(model, make_batch, steps=30, lr=1e-2, progress=False, device="cpu",
+        ...               frozen=["unembed.b_U"])
+        >>> bool(torch.equal(fixed.model.b_U, model.b_U)), model.b_U.abs().max().item()
+        (True, 0.0)
     """
     check_args(model, steps, lr, weight_decay, betas, eps, grad_clip, eval_data, eval_every,
                checkpoint_dir, checkpoint_every, keep_last, resume, seed, progress, log_every,
@@ -248,6 +292,7 @@ def train(
     check_threads(threads)
     check_bool("compile", compile)
     check_trainable({"model": model})
+    frozen_names = resolve_frozen(model, frozen)
     compute_loss = compiled_step_loss() if compile else step_loss
     source = make_source(data, seed)
     run_eval = make_eval(eval_data)
@@ -261,6 +306,7 @@ def train(
             "warmup_steps": warmup_steps, "schedule": schedule, "min_lr": min_lr,
             "grad_clip": grad_clip, "data": source.kind, "steps": steps,
             **({"ema_decay": ema_decay, "ema_start": ema_start} if ema_decay is not None else {}),
+            **({"frozen": frozen_names} if frozen_names else {}),
             "seed": seed if source.kind == "make_batch" else None,
         }  # fmt: skip
         ranks.agree(config)  # every rank was given the same arguments
@@ -272,8 +318,14 @@ def train(
         net = HookedVectorTransformer(model.cfg, seed=0, dtype=dtype, device=dev)
         net.load_state_dict(model.state_dict())
         net.train()
+        # frozen parameters take no gradient (before DDP, whose reducer skips them) and stay
+        # out of the optimizer (no weight decay), the clipped norm and the weight average
+        held = [p for name, p in net.named_parameters() if name in frozen_names]
+        for p in held:
+            p.requires_grad_(False)
+        params = [p for p in net.parameters() if p.requires_grad]
         ranks.wrap(net)  # in DDP across ranks (rank 0's weights are broadcast)
-        optimizer = _adamw(net, lr=lr, betas=(betas[0], betas[1]), eps=eps,
+        optimizer = _adamw(params, lr=lr, betas=(betas[0], betas[1]), eps=eps,
                            weight_decay=weight_decay)  # fmt: skip
         average = None
         if ema_decay is not None:
@@ -351,12 +403,11 @@ def train(
         def due(done: int, every: int | None) -> bool:
             return done == steps or bool(every and done % every == 0)
 
-        params = [p for p in net.parameters() if p.requires_grad]
         # the weight average's tensors and the weights they follow, paired once for the loop
         averaged: list[torch.Tensor] = []
         followed: list[torch.Tensor] = list(params)
         if average is not None:
-            averaged = [p for p in average.parameters() if p.requires_grad]
+            averaged = [p for name, p in average.named_parameters() if name not in frozen_names]
         shown = progress and ranks.is_main
         bar = tqdm(total=steps, initial=start, disable=not shown, desc="train", unit="step")
         # each step's loss, gradient norm and input check stay on the device until read
@@ -441,6 +492,8 @@ def train(
             bar.close()
             if owner is not None:
                 owner.release()
+    for p in held:  # the returned model is like any other: every parameter takes gradients
+        p.requires_grad_(True)
     if average is None:
         return TrainResult(net, history, optimizer, dev, checkpoint, raw_model=net)
     average.train()
@@ -498,8 +551,10 @@ def _restore(
         k for k in set(config) | set(before) if k not in ignore and config.get(k) != before.get(k)
     )
     if differ:
+        shown: dict[str, Any] = {"frozen": []}  # how an absent setting reads: none frozen
         details = "; ".join(
-            f"{k}: checkpoint {before.get(k)!r}, now {config.get(k)!r}" for k in differ
+            f"{k}: checkpoint {before.get(k, shown.get(k))!r}, now {config.get(k, shown.get(k))!r}"
+            for k in differ
         )
         raise ValueError(
             f"cannot resume from {path}: it was trained with a different config ({details})"
@@ -523,12 +578,13 @@ def _restore(
     return step, TrainHistory.from_tensors(saved["history"]), float(record["elapsed"]), record
 
 
-def _adamw(net: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
-    """AdamW with the fused kernel where torch has one for the device (CPU since torch 2.4,
-    CUDA): one pass over the parameters instead of a dozen small ops per tensor, ~4x faster
-    steps on the affine paper's model on CPU. Same update rule, deterministic, and the same
-    state-dict layout, so checkpoints resume across either implementation."""
+def _adamw(params: list[torch.nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
+    """AdamW over ``params`` with the fused kernel where torch has one for the device (CPU
+    since torch 2.4, CUDA): one pass over the parameters instead of a dozen small ops per
+    tensor, ~4x faster steps on the affine paper's model on CPU. Same update rule,
+    deterministic, and the same state-dict layout, so checkpoints resume across either
+    implementation."""
     try:
-        return torch.optim.AdamW(net.parameters(), fused=True, **kwargs)
+        return torch.optim.AdamW(params, fused=True, **kwargs)
     except (RuntimeError, ValueError):  # no fused kernel for this device/dtype/torch
-        return torch.optim.AdamW(net.parameters(), **kwargs)
+        return torch.optim.AdamW(params, **kwargs)

@@ -1,10 +1,12 @@
 """Argument checks and the set-up of a training run: device, data source, evaluation."""
 
+import difflib
 import inspect
 import math
 import os
+import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +239,124 @@ def check_trainable(models: dict[str, HookedVectorTransformer]) -> None:
 def check_threads(threads: object) -> None:
     """``ValueError`` unless ``threads`` is ``None``, ``"auto"`` or an int >= 1."""
     check_threads_value("threads", threads)
+
+
+Frozen = str | Callable[[str], bool] | Iterable[str | Callable[[str], bool]] | None
+"""``train(frozen=...)``: parameter names, predicates ``name -> bool``, or a list of both."""
+
+
+def resolve_frozen(model: torch.nn.Module, frozen: object) -> list[str]:
+    """The sorted names (as in ``model.named_parameters()``) of the parameters that
+    ``frozen`` selects: ``None`` or an empty list none; a name; a predicate
+    ``name -> bool``; or a list (any iterable) of names and predicates, whose selections
+    are joined. Raises ``TypeError`` or ``ValueError`` naming ``frozen`` for an entry that
+    is neither a string nor callable, a name the model lacks (with the close matches and
+    the model's names), a name given twice, a predicate that raises, returns something
+    other than True/False or selects no parameter, and a selection of every parameter
+    (nothing would be trained).
+
+    Example:
+        >>> import vecinterp as vi
+        >>> from vecinterp.training.setup import resolve_frozen
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=2, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=4), seed=0)
+        >>> resolve_frozen(model, ["unembed.b_U", lambda name: name.endswith(".b_K")])
+        ['blocks.0.attn.b_K', 'unembed.b_U']
+        >>> try:
+        ...     resolve_frozen(model, "unembed.b_u")
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        frozen: 'unembed.b_u' is not a parameter of the model (did you mean 'unembed.b_U'?)
+    """
+    if frozen is None:
+        return []
+    if isinstance(frozen, str) or callable(frozen):
+        entries: list[object] = [frozen]
+    elif isinstance(frozen, Iterable) and not isinstance(frozen, bytes | Mapping | torch.Tensor):
+        entries = list(frozen)
+    else:
+        raise TypeError(
+            "frozen must be a parameter name, a predicate name -> bool, a list of names and "
+            f"predicates, or None; got {type(frozen).__name__}"
+        )
+    names = [name for name, _ in model.named_parameters()]
+    known = set(names)
+    chosen: set[str] = set()
+    given: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = "frozen" if len(entries) == 1 and entries[0] is frozen else f"frozen[{i}]"
+        if isinstance(entry, str):
+            if entry in given:
+                raise ValueError(f"frozen names the parameter {entry!r} twice")
+            given.add(entry)
+            if entry not in known:
+                raise ValueError(_unknown(entry, names, where))
+            chosen.add(entry)
+        elif callable(entry):
+            picked = _apply_predicate(entry, names, where)
+            if not picked:
+                raise ValueError(
+                    f"{where}: the predicate {_callable_name(entry)} selects no parameter of "
+                    f"the model (its parameters: {_summary(names)}); pass frozen=None to "
+                    "train every parameter"
+                )
+            chosen.update(picked)
+        else:
+            raise TypeError(
+                f"{where} must be a parameter name (str) or a predicate name -> bool, got "
+                f"{type(entry).__name__} {entry!r}"
+            )
+    if chosen and chosen == known:
+        raise ValueError(
+            f"frozen selects every parameter of the model ({len(names)}): nothing would be trained"
+        )
+    return sorted(chosen)
+
+
+def _apply_predicate(predicate: Callable[[str], object], names: list[str], where: str) -> set[str]:
+    """The names ``predicate`` returns True for (``ValueError``/``TypeError`` naming
+    ``where`` and the parameter for one that raises or returns a non-bool)."""
+    picked = set()
+    for name in names:
+        try:
+            value = predicate(name)
+        except Exception as err:
+            raise ValueError(
+                f"{where}: the predicate {_callable_name(predicate)} raised "
+                f"{type(err).__name__} on the parameter name {name!r}: {err}"
+            ) from err
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"{where}: the predicate {_callable_name(predicate)} must return True or "
+                f"False, but returned {type(value).__name__} {value!r} for {name!r}"
+            )
+        if value:
+            picked.add(name)
+    return picked
+
+
+def _callable_name(fn: Callable[..., object]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _summary(names: list[str]) -> str:
+    """The parameter names, each layer's once (``blocks.<i>.attn.W_Q, i = 0..3``)."""
+    layers = sorted({int(m.group(1)) for n in names if (m := _LAYER.match(n))})
+    shown = list(dict.fromkeys(_LAYER.sub("blocks.<i>.", n) for n in names))
+    text = ", ".join(shown)
+    if layers:
+        text += f" (i = {layers[0]}..{layers[-1]})"
+    return text
+
+
+_LAYER = re.compile(r"^blocks\.(\d+)\.")
+
+
+def _unknown(name: str, names: list[str], where: str) -> str:
+    same = [n for n in names if n.lower() == name.lower()]  # b_u for b_U
+    close = same or difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return (
+        f"{where}: {name!r} is not a parameter of the model{hint}; its parameters, as "
+        f"model.named_parameters() names them: {_summary(names)}"
+    )
