@@ -164,7 +164,7 @@ def test_transcoder_recovers_a_planted_sparse_mlp():
     )  # fmt: skip
     stats = evaluate_dictionary(tc, inputs, targets)
     cosine = min_cosine(planted_directions(1), tc.W_dec.detach())
-    # measured: min cosine 1.0000, FVU 5.6e-3, L0 1.04
+    # measured: min cosine 0.9999, FVU 5.6e-3, L0 1.31 (seed 1: 1.0000, 5.6e-3, 1.21)
     assert cosine >= MIN_COSINE, cosine
     assert stats.fvu <= MAX_FVU, stats.fvu
     assert 1.0 <= stats.l0 <= 1.5

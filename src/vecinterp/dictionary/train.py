@@ -246,11 +246,13 @@ def train_dictionary(
       last half of the run), as Bricken et al. 2023 do: the decoder row becomes a row of
       the batch drawn with probability proportional to its squared error (an SAE's input
       minus ``b_dec``; a transcoder's error), normalised, the encoder column the same
-      direction times 0.2 times the mean norm of the live columns, the bias zero, and
-      Adam's moments of those weights zero. Unlike Bricken et al., draws whose
-      directions have a cosine above 0.9 with an earlier draw are dropped (the dead
-      features left wait for the next resampling): copies of one badly reconstructed
-      row co-fire and die together.
+      direction times 0.2 times the mean norm of the live columns, the bias zero.
+      Unlike Bricken et al.: draws whose directions have a cosine above 0.9 with an
+      earlier draw are dropped (the dead features left wait for the next resampling),
+      since copies of one badly reconstructed row co-fire and die together; and Adam's
+      first moments of the new weights are zeroed but their second moments set to the
+      live features' mean, since from zero the first steps are several times ``lr`` and
+      turn the new row away from its direction.
     - TopK and BatchTopK: the auxiliary loss of Gao et al. 2024 (arXiv 2406.04093):
       ``aux_coeff * |e - e_hat|^2 / |e - mean e|^2`` where ``e`` is the residual error and
       ``e_hat`` its reconstruction from the ``aux_k`` (default ``d_in // 2``, at least 1)
@@ -266,8 +268,9 @@ def train_dictionary(
     ``sparsity_warmup_steps`` (Conerly et al.'s April 2024 update). Resampling
     (``resample_every``) works for every architecture, with the encoder column at the
     live columns' mean norm for all but ReLU (not 0.2 of it), so that a resampled feature
-    can win a place among the ``k`` largest (a JumpReLU feature's threshold restarts at
-    0.001).
+    can win a place among the ``k`` largest; a JumpReLU feature's threshold restarts at
+    the live features' median (at ``cfg.init_threshold``, 0.001 by default, it fires on
+    every positive pre-activation and is crushed).
 
     An SAE's pre-encoder bias ``b_dec`` is by default (``b_dec=None`` or ``"centre"``) set
     to the data's mean at the start of a fresh run (of all the rows; of a buffer's store)
@@ -277,9 +280,13 @@ def train_dictionary(
     ``b_dec`` (an output bias) is always learned. Any other parameter with
     ``requires_grad=False`` stays as it is.
 
-    A recipe that recovers planted features (``tests/test_dictionary_planted.py``):
-    ``lr=6e-2, schedule="linear", l1_coeff=0.1, steps=2000, resample_every=50,
-    dead_after=50`` for ReLU + L1 on rows of norm ~1; ``lr=1e-2`` and 600 steps for TopK.
+    Recipes that recover planted features (``tests/test_dictionary_planted.py``, rows of
+    norm 1-1.5, planted L0 1; all with ``resample_every=50, dead_after=50``, a linear
+    decay but for TopK's cosine): ReLU + L1 ``lr=6e-2, l1_coeff=0.1, steps=2000``; TopK
+    ``lr=1e-2``, 600 steps; BatchTopK ``lr=1e-2``, 800 steps; JumpReLU
+    ``DictionaryConfig(bandwidth=0.1, init_threshold=0.5)``, ``lr=1e-2, l0_coeff=0.3``,
+    1000 steps (a start threshold between other features' crosstalk and a feature's own
+    activation; scale it, and the bandwidth, with the data).
 
     The learning rate warms up linearly over ``warmup_steps``, then follows ``schedule``
     (``"constant"``, ``"cosine"`` or ``"linear"`` decay to 0, see :func:`vecinterp.lr_at`).
@@ -745,7 +752,7 @@ def _distinct(directions: torch.Tensor) -> torch.Tensor:
     Example:
         >>> import torch
         >>> from vecinterp.dictionary.train import _distinct
-        >>> _distinct(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]))
+        >>> _distinct(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.28, 0.96]]))
         tensor([0, 2])
     """
     kept = [0]
