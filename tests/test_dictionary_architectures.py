@@ -316,3 +316,20 @@ def test_resampling_renews_distinct_directions_with_live_adam_moments(activation
             sae.log_threshold.detach()[renewed],
             torch.full((len(renewed),), live_median, dtype=torch.float64),
         )
+
+
+def test_distinct_directions_blocked_is_the_plain_greedy_selection():
+    from vecinterp.dictionary.train import RESAMPLE_DISTINCT_COSINE, _distinct
+
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    dirs = centres[torch.randint(40, (700,), generator=gen)]
+    dirs = dirs + 0.2 * torch.randn(700, 3, generator=gen, dtype=torch.float64)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    kept = [0]
+    for i in range(1, 700):  # the plain greedy loop
+        if float((dirs[kept] @ dirs[i]).max()) <= RESAMPLE_DISTINCT_COSINE:
+            kept.append(i)
+    assert 1 < len(kept) < 700
+    for block in (1, 7, 256, 1000):
+        assert _distinct(dirs, block=block).tolist() == kept

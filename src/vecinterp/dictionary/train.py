@@ -738,9 +738,11 @@ RESAMPLE_DISTINCT_COSINE = 0.9
 """Two resampling directions with a cosine above this count as one (:func:`_distinct`)."""
 
 
-def _distinct(directions: torch.Tensor) -> torch.Tensor:
+def _distinct(directions: torch.Tensor, block: int = 256) -> torch.Tensor:
     """The indices of a greedy selection of unit ``directions [n, d]``, in order, none
-    with a cosine above :data:`RESAMPLE_DISTINCT_COSINE` with one kept before it.
+    with a cosine above :data:`RESAMPLE_DISTINCT_COSINE` with one kept before it
+    (compared ``block`` at a time; 16384 distinct directions of width 768 take ~5 s on one
+    CPU thread, once per resampling).
 
     Resampling draws rows with replacement, weighted by their error, so when one feature
     is badly reconstructed most draws are copies of it. Copies co-fire (BatchTopK keeps
@@ -755,8 +757,19 @@ def _distinct(directions: torch.Tensor) -> torch.Tensor:
         >>> _distinct(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.28, 0.96]]))
         tensor([0, 2])
     """
-    kept = [0]
-    for i in range(1, directions.shape[0]):
-        if float((directions[kept] @ directions[i]).max()) <= RESAMPLE_DISTINCT_COSINE:
-            kept.append(i)
+    limit = RESAMPLE_DISTINCT_COSINE
+    kept: list[int] = []
+    chosen = directions[:0]
+    for start in range(0, directions.shape[0], block):  # blocks: matrix products, not a
+        chunk = directions[start : start + block]  # matrix-vector product per direction
+        ok = torch.ones(chunk.shape[0], dtype=torch.bool)
+        if chosen.shape[0]:
+            ok = (chunk @ chosen.T).max(dim=1).values <= limit
+        gram = chunk @ chunk.T
+        picked: list[int] = []
+        for i in ok.nonzero().flatten().tolist():
+            if not picked or float(gram[i, picked].max()) <= limit:
+                picked.append(i)
+        kept += [start + i for i in picked]
+        chosen = torch.cat([chosen, chunk[picked]])
     return torch.tensor(kept, dtype=torch.long)
