@@ -242,6 +242,8 @@ def test_sparsity_warmup_ramps_the_coefficient():
         ({"activation": "jumprelu", "k": 2}, "k is for activation='topk' or 'batchtopk'"),
         ({"activation": "jumprelu", "bandwidth": 0.0}, "bandwidth must be a finite number > 0"),
         ({"activation": "jumprelu", "bandwidth": float("nan")}, "bandwidth must be"),
+        ({"activation": "jumprelu", "init_threshold": 0.0}, "init_threshold must be a finite"),
+        ({"activation": "jumprelu", "init_threshold": float("inf")}, "init_threshold must"),
     ],
 )
 def test_bad_configs_are_refused(kwargs, match):
@@ -257,3 +259,77 @@ def test_bad_training_settings_are_refused():
         train_dictionary(sae, _rows(), steps=2, sparsity_warmup_steps=3)
     with pytest.raises(ValueError, match="l0_coeff must be a finite number"):
         train_dictionary(sae, _rows(), steps=2, l0_coeff=-1.0)
+
+
+def test_init_threshold_sets_the_starting_thresholds():
+    cfg = DictionaryConfig(d_in=4, d_sae=8, activation="jumprelu", init_threshold=0.5)
+    sae = SparseAutoencoder(cfg, seed=0)
+    torch.testing.assert_close(sae.log_threshold.exp(), torch.full((8,), 0.5))
+    assert DictionaryConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("activation", ["relu", "jumprelu"])
+def test_resampling_renews_distinct_directions_with_live_adam_moments(activation):
+    """Dead features are renewed from badly reconstructed rows, one per distinct direction
+    (the batch holds two directions only, so at most two of the six dead are renewed); the
+    new weights' Adam second moments are the live features' mean, the first zero; a
+    JumpReLU feature restarts at the live median threshold."""
+    from vecinterp.dictionary.train import _resample
+
+    cfg = DictionaryConfig(d_in=4, d_sae=8, activation=activation, dtype="float64")
+    sae = SparseAutoencoder(cfg, seed=0)
+    with torch.no_grad():
+        sae.W_dec.copy_(torch.eye(4, dtype=torch.float64).repeat(2, 1))
+        sae.W_enc.copy_(sae.W_dec.T)
+        if sae.log_threshold is not None:
+            sae.log_threshold.copy_(torch.linspace(-3, -1, 8, dtype=torch.float64))
+    optimizer = torch.optim.Adam(sae.parameters(), lr=1e-3)
+    x = _rows(n=32, d=4, seed=5).double()
+    sae(x).pow(2).sum().backward()
+    optimizer.step()  # every parameter has Adam moments
+    x = torch.zeros(20, 4, dtype=torch.float64)
+    x[:10, 2], x[10:, 3] = 1.0, -1.0  # two directions, e_2 and -e_3
+    dead = torch.tensor([False, True, True, True, True, True, True, False])
+    live_median = sae.log_threshold[~dead].median().item() if activation == "jumprelu" else 0
+    before = {
+        name: optimizer.state[param]["exp_avg_sq"].clone() for name, param in sae.named_parameters()
+    }
+    renewed = _resample(sae, optimizer, x, x, dead, torch.Generator().manual_seed(0))
+    assert 1 <= renewed.numel() <= 2 and bool(dead[renewed].all())
+    rows = sae.W_dec.detach()[renewed]  # e_2 or -e_3, up to b_dec (moved by the step)
+    assert bool((rows.abs().max(-1).values > 0.99).all())
+    assert set(rows.abs().argmax(-1).tolist()) <= {2, 3}
+    if renewed.numel() == 2:
+        assert float((rows[0] @ rows[1]).abs()) < 0.9
+    live = ~dead
+    for name, param in sae.named_parameters():
+        if name == "b_dec":
+            continue
+        state = optimizer.state[param]
+        axis = 1 if name == "W_enc" else 0
+        got = state["exp_avg_sq"].index_select(axis, renewed)
+        want = before[name].index_select(axis, live.nonzero().flatten()).mean(axis, True)
+        torch.testing.assert_close(got, want.expand_as(got))
+        assert bool((state["exp_avg"].index_select(axis, renewed) == 0).all())
+    if activation == "jumprelu":
+        assert torch.allclose(
+            sae.log_threshold.detach()[renewed],
+            torch.full((len(renewed),), live_median, dtype=torch.float64),
+        )
+
+
+def test_distinct_directions_blocked_is_the_plain_greedy_selection():
+    from vecinterp.dictionary.train import RESAMPLE_DISTINCT_COSINE, _distinct
+
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    dirs = centres[torch.randint(40, (700,), generator=gen)]
+    dirs = dirs + 0.2 * torch.randn(700, 3, generator=gen, dtype=torch.float64)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    kept = [0]
+    for i in range(1, 700):  # the plain greedy loop
+        if float((dirs[kept] @ dirs[i]).max()) <= RESAMPLE_DISTINCT_COSINE:
+            kept.append(i)
+    assert 1 < len(kept) < 700
+    for block in (1, 7, 256, 1000):
+        assert _distinct(dirs, block=block).tolist() == kept

@@ -9,7 +9,8 @@ coefficient vector (one feature per position, the planted L0 = 1, magnitude unif
 sum, harvested through an :class:`~vecinterp.dictionary.ActivationBuffer`.
 
 Every planted direction must be matched by a decoder row with cosine >= 0.99 (the minimum
-over the planted features) and the FVU be <= 0.01.
+over the planted features) and the FVU be <= 0.01: ReLU + L1, TopK, BatchTopK and JumpReLU
+SAEs (BatchTopK and JumpReLU on two seeds) and a ReLU + L1 transcoder.
 
 Each architecture trains with :func:`~vecinterp.dictionary.train_dictionary`'s defaults
 for ``b_dec`` (an SAE's pre-encoder bias set to the data's mean at the start and held
@@ -88,31 +89,43 @@ def _planted_rows():
 
 
 RECIPES = {
-    # measured (seed 0): min cosine, FVU, L0
-    "topk": ({"k": 1}, {"steps": 600, "lr": 1e-2, "schedule": "cosine"}),  # 1.0000, 8.7e-7, 1.00
-    "relu": ({}, {"steps": 2000, "lr": 6e-2, "l1_coeff": 0.1}),  # 0.9991, 5.6e-3, 1.36
+    # activation: config extras, train_dictionary arguments; measured min cosine, FVU, L0
+    "topk": ({"k": 1}, {"steps": 600, "lr": 1e-2, "schedule": "cosine"}),  # 1.0000, 1.8e-6, 1.00
+    "relu": ({}, {"steps": 2000, "lr": 6e-2, "l1_coeff": 0.1}),  # 1.0000, 5.5e-3, 2.35
+    # BatchTopK: the resampling of one feature per distinct direction is what it needs
+    # (copies of one direction co-fire and die together: 22 of 24, min cosine 0.78)
+    "batchtopk": ({"k": 1}, {"steps": 800, "lr": 1e-2}),  # 1.0000, 2.1e-4 / 6.3e-4, 1.00
+    # JumpReLU: thresholds start at 0.5 (between crosstalk <= 0.53 and a feature's own
+    # >= 1), resampled features start at the live median threshold with Adam's live
+    # second moments; SAELens's 0.001 start: 21-23 of 24
+    "jumprelu": (
+        {"bandwidth": 0.1, "init_threshold": 0.5},
+        {"steps": 1000, "lr": 1e-2, "l0_coeff": 0.3},
+    ),  # 1.0000, 9.6e-6 / 7.8e-6, 1.00
 }
+CASES = [("topk", 0), ("relu", 0), ("batchtopk", 0), ("batchtopk", 1), ("jumprelu", 0),
+         ("jumprelu", 1)]  # fmt: skip
+L0_RANGE = {"topk": (1.0, 1.0), "relu": (1.0, 3.0), "batchtopk": (0.99, 1.01),
+            "jumprelu": (0.99, 1.01)}  # fmt: skip
 
 
-@pytest.mark.parametrize("activation", sorted(RECIPES))
-def test_sae_recovers_planted_directions(activation):
+@pytest.mark.parametrize(("activation", "seed"), CASES)
+def test_sae_recovers_planted_directions(activation, seed):
     directions, x = _planted_rows()
     extra, recipe = RECIPES[activation]
     cfg = DictionaryConfig(d_in=D, d_sae=2 * N_FEATURES, activation=activation, **extra)
-    sae = SparseAutoencoder(cfg, seed=0)
+    sae = SparseAutoencoder(cfg, seed=seed)
     kwargs = dict(batch_size=256, warmup_steps=20, schedule="linear", dead_after=50,
-                  resample_every=50, seed=0, threads=1)  # fmt: skip
+                  resample_every=50, seed=seed, threads=1)  # fmt: skip
     train_dictionary(sae, x, **{**kwargs, **recipe})
-    stats = evaluate_dictionary(sae, x)
+    stats = evaluate_dictionary(sae, x)  # at inference (BatchTopK: its global threshold)
     cosine = min_cosine(directions, sae.W_dec.detach())
     assert cosine >= MIN_COSINE, cosine
     assert stats.fvu <= MAX_FVU, stats.fvu
     # b_dec held at the data's mean (its centre, ~0 here; measured 0.011 from the sample)
     torch.testing.assert_close(sae.b_dec.detach(), x.double().mean(0).float())
-    if activation == "topk":
-        assert stats.l0 == 1.0
-    else:  # ReLU: interference from the coherent directions fires a few weak features
-        assert 1.0 <= stats.l0 <= 3.0
+    low, high = L0_RANGE[activation]  # ReLU: crosstalk of the coherent directions fires
+    assert low <= stats.l0 <= high, stats.l0  # a few weak features
 
 
 def planted_mlp_model() -> vi.HookedVectorTransformer:
@@ -151,7 +164,7 @@ def test_transcoder_recovers_a_planted_sparse_mlp():
     )  # fmt: skip
     stats = evaluate_dictionary(tc, inputs, targets)
     cosine = min_cosine(planted_directions(1), tc.W_dec.detach())
-    # measured: min cosine 1.0000, FVU 5.6e-3, L0 1.04
+    # measured: min cosine 0.9999, FVU 5.6e-3, L0 1.31 (seed 1: 1.0000, 5.6e-3, 1.21)
     assert cosine >= MIN_COSINE, cosine
     assert stats.fvu <= MAX_FVU, stats.fvu
     assert 1.0 <= stats.l0 <= 1.5

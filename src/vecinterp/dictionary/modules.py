@@ -49,7 +49,8 @@ ACTIVATIONS = ("relu", "topk", "batchtopk", "jumprelu")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _WITH_K = ("topk", "batchtopk")
 JUMPRELU_INIT_THRESHOLD = 0.001
-"""A JumpReLU dictionary's thresholds at the start (SAELens's default)."""
+"""A JumpReLU dictionary's thresholds at the start by default (SAELens's default;
+``DictionaryConfig.init_threshold``)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,12 @@ class DictionaryConfig:
             see pre-activations within ``eps / 2`` of the threshold); > 0. The paper's
             0.001 suits activations of unit mean squared norm; scale it with the data.
             Ignored by the other activations.
+        init_threshold: JumpReLU's thresholds at the start, ``exp(log_threshold)``; > 0.
+            SAELens's 0.001 makes the first steps a ReLU without sparsity penalty (every
+            positive pre-activation fires); on the planted test a threshold between the
+            crosstalk of other features and a feature's own activation (0.5 there) is what
+            recovers every direction (see :func:`~vecinterp.dictionary.train_dictionary`).
+            Ignored by the other activations.
 
     Example:
         >>> from vecinterp.dictionary import DictionaryConfig
@@ -98,6 +105,7 @@ class DictionaryConfig:
     hook_out: str | None = None
     dtype: str = "float32"
     bandwidth: float = 0.001
+    init_threshold: float = JUMPRELU_INIT_THRESHOLD
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_sae"):
@@ -118,14 +126,15 @@ class DictionaryConfig:
                 f"k is for activation='topk' or 'batchtopk' only; got k={self.k!r} with "
                 f"{self.activation!r}"
             )
-        bandwidth = self.bandwidth
-        if (
-            isinstance(bandwidth, bool)
-            or not isinstance(bandwidth, int | float)
-            or not math.isfinite(bandwidth)
-            or bandwidth <= 0
-        ):
-            raise ValueError(f"bandwidth must be a finite number > 0, got {bandwidth!r}")
+        for name in ("bandwidth", "init_threshold"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         for name in ("transcoder", "skip"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -185,7 +194,7 @@ class SparseDictionary(HookedModule):
             ``[d_out]`` (an SAE's is also its pre-encoder bias).
         W_skip: ``[d_in, d_out]`` for a transcoder with ``skip``, else ``None``.
         log_threshold: ``[d_sae]`` (``"jumprelu"`` only), the log of each feature's
-            threshold (a parameter; starts at log 0.001).
+            threshold (a parameter; starts at ``log(cfg.init_threshold)``).
         threshold: ``[]`` (``"batchtopk"`` only), the global inference threshold (a
             buffer, 0 until :func:`~vecinterp.dictionary.train_dictionary` estimates it).
         use_error_term: add ``hook_sae_error`` (target - recons) to the output, so the
@@ -228,7 +237,7 @@ class SparseDictionary(HookedModule):
         self.W_skip = nn.Parameter(torch.zeros(d_in, d_out, dtype=dtype)) if cfg.skip else None
         self.log_threshold = None
         if cfg.activation == "jumprelu":
-            start = torch.full((d_sae,), math.log(JUMPRELU_INIT_THRESHOLD), dtype=dtype)
+            start = torch.full((d_sae,), math.log(cfg.init_threshold), dtype=dtype)
             self.log_threshold = nn.Parameter(start)
         if cfg.activation == "batchtopk":
             self.register_buffer("threshold", torch.zeros((), dtype=dtype))

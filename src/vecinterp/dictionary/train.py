@@ -53,7 +53,7 @@ from ..training.schedule import lr_at
 from .activations import ActivationBuffer
 from .io import load_dictionary, write_dictionary
 from .jumprelu import step as step_function
-from .modules import JUMPRELU_INIT_THRESHOLD, SparseDictionary
+from .modules import SparseDictionary
 
 KIND = "vecinterp-dictionary-training"
 _HISTORY = ("loss", "mse", "sparsity", "l0", "lr")
@@ -70,7 +70,7 @@ class DictionaryTrainResult:
         steps: updates done in all (the resumed ones included).
         resumed_from: the checkpoint step the run resumed from, or ``None``.
         threads: CPU threads the run used.
-        n_resampled: features resampled (ReLU + L1) in this call.
+        n_resampled: features resampled in this call.
 
     Example:
         >>> import torch
@@ -246,8 +246,13 @@ def train_dictionary(
       last half of the run), as Bricken et al. 2023 do: the decoder row becomes a row of
       the batch drawn with probability proportional to its squared error (an SAE's input
       minus ``b_dec``; a transcoder's error), normalised, the encoder column the same
-      direction times 0.2 times the mean norm of the live columns, the bias zero, and
-      Adam's moments of those weights zero.
+      direction times 0.2 times the mean norm of the live columns, the bias zero.
+      Unlike Bricken et al.: draws whose directions have a cosine above 0.9 with an
+      earlier draw are dropped (the dead features left wait for the next resampling),
+      since copies of one badly reconstructed row co-fire and die together; and Adam's
+      first moments of the new weights are zeroed but their second moments set to the
+      live features' mean, since from zero the first steps are several times ``lr`` and
+      turn the new row away from its direction.
     - TopK and BatchTopK: the auxiliary loss of Gao et al. 2024 (arXiv 2406.04093):
       ``aux_coeff * |e - e_hat|^2 / |e - mean e|^2`` where ``e`` is the residual error and
       ``e_hat`` its reconstruction from the ``aux_k`` (default ``d_in // 2``, at least 1)
@@ -263,8 +268,9 @@ def train_dictionary(
     ``sparsity_warmup_steps`` (Conerly et al.'s April 2024 update). Resampling
     (``resample_every``) works for every architecture, with the encoder column at the
     live columns' mean norm for all but ReLU (not 0.2 of it), so that a resampled feature
-    can win a place among the ``k`` largest (a JumpReLU feature's threshold restarts at
-    0.001).
+    can win a place among the ``k`` largest; a JumpReLU feature's threshold restarts at
+    the live features' median (at ``cfg.init_threshold``, 0.001 by default, it fires on
+    every positive pre-activation and is crushed).
 
     An SAE's pre-encoder bias ``b_dec`` is by default (``b_dec=None`` or ``"centre"``) set
     to the data's mean at the start of a fresh run (of all the rows; of a buffer's store)
@@ -274,9 +280,13 @@ def train_dictionary(
     ``b_dec`` (an output bias) is always learned. Any other parameter with
     ``requires_grad=False`` stays as it is.
 
-    A recipe that recovers planted features (``tests/test_dictionary_planted.py``):
-    ``lr=6e-2, schedule="linear", l1_coeff=0.1, steps=2000, resample_every=50,
-    dead_after=50`` for ReLU + L1 on rows of norm ~1; ``lr=1e-2`` and 600 steps for TopK.
+    Recipes that recover planted features (``tests/test_dictionary_planted.py``, rows of
+    norm 1-1.5, planted L0 1; all with ``resample_every=50, dead_after=50``, a linear
+    decay but for TopK's cosine): ReLU + L1 ``lr=6e-2, l1_coeff=0.1, steps=2000``; TopK
+    ``lr=1e-2``, 600 steps; BatchTopK ``lr=1e-2``, 800 steps; JumpReLU
+    ``DictionaryConfig(bandwidth=0.1, init_threshold=0.5)``, ``lr=1e-2, l0_coeff=0.3``,
+    1000 steps (a start threshold between other features' crosstalk and a feature's own
+    activation; scale it, and the bandwidth, with the data).
 
     The learning rate warms up linearly over ``warmup_steps``, then follows ``schedule``
     (``"constant"``, ``"cosine"`` or ``"linear"`` decay to 0, see :func:`vecinterp.lr_at`).
@@ -541,8 +551,9 @@ def _run(
                 and step <= steps // 2
             ):
                 dead = since_fired >= dead_after
-                n_resampled += _resample(dictionary, optimizer, x, target, dead, gen)
-                since_fired = torch.where(dead, 0, since_fired)
+                renewed = _resample(dictionary, optimizer, x, target, dead, gen)
+                n_resampled += int(renewed.numel())
+                since_fired[renewed] = 0
             # the sparsity coefficient's linear warm-up (Conerly et al. 2024's L1 warm-up)
             ramp = 1.0 if step >= sparsity_warmup else (step + 1) / sparsity_warmup
             loss, mse, sparsity, acts = _loss(dictionary, x, target, since_fired, config, ramp)
@@ -653,16 +664,18 @@ def _resample(
     target: torch.Tensor,
     dead: torch.Tensor,
     gen: torch.Generator,
-) -> int:
-    """Re-initialise the dead features from the batch's worst-reconstructed rows."""
+) -> torch.Tensor:
+    """Re-initialise dead features from the batch's worst-reconstructed rows, one feature
+    per distinct direction (see :func:`_distinct`); returns the indices re-initialised
+    (the other dead features wait for the next resampling)."""
     index = dead.nonzero().flatten()
     if index.numel() == 0:
-        return 0
+        return index
     recons = dictionary.decode(dictionary.encode(x), x)
     error = target - recons
     weight = error.pow(2).sum(-1).pow(2).double()
     if float(weight.sum()) <= 0:
-        return 0
+        return index[:0]
     rows = torch.multinomial(weight, index.numel(), replacement=True, generator=gen)
     if dictionary.cfg.transcoder:
         enc_dir, dec_dir = x[rows], error[rows]
@@ -670,6 +683,8 @@ def _resample(
         enc_dir = dec_dir = x[rows] - dictionary.b_dec
     enc_dir = enc_dir / enc_dir.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     dec_dir = dec_dir / dec_dir.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    keep = _distinct(dec_dir)
+    enc_dir, dec_dir, index = enc_dir[keep], dec_dir[keep], index[: keep.numel()]
     alive = ~dead
     enc_norm = dictionary.W_enc[:, alive].norm(dim=0).mean() if bool(alive.any()) else 1.0
     dictionary.W_dec[index] = dec_dir
@@ -681,10 +696,80 @@ def _resample(
     cuts = [(dictionary.W_dec, (index,)), (dictionary.W_enc, (slice(None), index)),
             (dictionary.b_enc, (index,))]  # fmt: skip
     if dictionary.log_threshold is not None:
-        dictionary.log_threshold[index] = math.log(JUMPRELU_INIT_THRESHOLD)
-        cuts.append((dictionary.log_threshold, (index,)))
+        # the live features' median threshold: at the initial one (0.001 by default) a
+        # new feature fires on every positive pre-activation and is crushed
+        log_threshold = dictionary.log_threshold
+        start = (
+            log_threshold[alive].median()
+            if bool(alive.any())
+            else math.log(dictionary.cfg.init_threshold)
+        )
+        log_threshold[index] = start
+        cuts.append((log_threshold, (index,)))
     for param, cut in cuts:
-        for value in optimizer.state.get(param, {}).values():
-            if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                value[cut] = 0
-    return int(index.numel())
+        _reset_adam(optimizer.state.get(param, {}), param, cut, alive)
+    return index
+
+
+def _reset_adam(
+    state: dict[str, Any], param: torch.Tensor, cut: tuple[Any, ...], alive: torch.Tensor
+) -> None:
+    """Restart Adam on the resampled slice ``param[cut]``: first moments zero, second
+    moments the mean of the live features' (zero if none is alive).
+
+    Zero second moments (Bricken et al.) make the first steps of a new feature several
+    times ``lr`` per coordinate (``m / sqrt(v)`` with ``v`` a few steps' worth of ``g^2``
+    against Adam's bias correction of the run's step count): in a few steps its decoder row
+    turns away from the direction it was given, towards a correction of the live feature
+    that covered it. On the planted test that left JumpReLU sharing pairs of directions.
+    """
+    axis = len(cut) - 1  # the feature axis: W_enc's columns, the other's rows
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor) or value.shape != param.shape:
+            continue
+        if key == "exp_avg_sq" and bool(alive.any()):
+            live = value.index_select(axis, alive.nonzero().flatten()).mean(axis, keepdim=True)
+            value[cut] = live
+        else:
+            value[cut] = 0
+
+
+RESAMPLE_DISTINCT_COSINE = 0.9
+"""Two resampling directions with a cosine above this count as one (:func:`_distinct`)."""
+
+
+def _distinct(directions: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """The indices of a greedy selection of unit ``directions [n, d]``, in order, none
+    with a cosine above :data:`RESAMPLE_DISTINCT_COSINE` with one kept before it
+    (compared ``block`` at a time; 16384 distinct directions of width 768 take ~5 s on one
+    CPU thread, once per resampling).
+
+    Resampling draws rows with replacement, weighted by their error, so when one feature
+    is badly reconstructed most draws are copies of it. Copies co-fire (BatchTopK keeps
+    them all; a ReLU or JumpReLU fires them all), overshoot, shrink together and die
+    together, and the feature stays shared by the live row that half-covered it: on the
+    planted test BatchTopK kept 22 of 24 directions (min cosine 0.78) until one copy
+    per direction was resampled (then 1.0000 on seeds 0-3).
+
+    Example:
+        >>> import torch
+        >>> from vecinterp.dictionary.train import _distinct
+        >>> _distinct(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.28, 0.96]]))
+        tensor([0, 2])
+    """
+    limit = RESAMPLE_DISTINCT_COSINE
+    kept: list[int] = []
+    chosen = directions[:0]
+    for start in range(0, directions.shape[0], block):  # blocks: matrix products, not a
+        chunk = directions[start : start + block]  # matrix-vector product per direction
+        ok = torch.ones(chunk.shape[0], dtype=torch.bool)
+        if chosen.shape[0]:
+            ok = (chunk @ chosen.T).max(dim=1).values <= limit
+        gram = chunk @ chunk.T
+        picked: list[int] = []
+        for i in ok.nonzero().flatten().tolist():
+            if not picked or float(gram[i, picked].max()) <= limit:
+                picked.append(i)
+        kept += [start + i for i in picked]
+        chosen = torch.cat([chosen, chunk[picked]])
+    return torch.tensor(kept, dtype=torch.long)
