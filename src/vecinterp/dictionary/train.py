@@ -309,8 +309,8 @@ def train_dictionary(
             checkpoints and reused on resume; an int; ``None``: torch's setting).
         callback: called as ``callback(step, dictionary)`` after each update (``step``
             counts updates done).
-        l1_coeff, l0_coeff, aux_coeff, aux_k, threshold_lr, sparsity_warmup_steps,
-            dead_after, resample_every, b_dec: as described above.
+        l1_coeff, l0_coeff, aux_coeff, aux_k, threshold_lr: as described above.
+        sparsity_warmup_steps, dead_after, resample_every, b_dec: as described above.
 
     Example:
         >>> import torch
