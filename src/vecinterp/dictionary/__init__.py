@@ -17,6 +17,7 @@ activations, training, evaluation and files.
 """
 
 from .activations import ActivationBuffer, harvest_activations
+from .decompose import decompose_resid_features, dictionary_decomposition
 from .evaluate import DictionaryStats, evaluate_dictionary
 from .io import load_dictionary, save_dictionary
 from .modules import (
@@ -26,9 +27,8 @@ from .modules import (
     Transcoder,
     transcoder_hooks,
 )
-from .decompose import decompose_resid_features, dictionary_decomposition
 from .saelens import SAELENS_VERSION, load_saelens, save_saelens
-from .splice import SpliceMetric, SplicedPoint, splice, splice_metric, spliced_dictionaries
+from .splice import SplicedPoint, SpliceMetric, splice, splice_metric, spliced_dictionaries
 from .train import DictionaryTrainResult, train_dictionary
 
 __all__ = [

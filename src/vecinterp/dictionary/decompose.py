@@ -151,8 +151,10 @@ def decompose_resid_features(
         >>> spliced = splice(model, {"blocks.0.hook_attn_out": sae})
         >>> _, cache = spliced.run_with_cache(torch.randn(2, 5, 3, dtype=torch.float64))
         >>> parts, labels = decompose_resid_features(cache, return_labels=True)
-        >>> labels[:3], labels[-3:]
-        (['embed', 'pos_embed', '0_attn_out.feature_0'], ['0_attn_out.bias', '0_attn_out.error', '0_mlp_out'])
+        >>> labels[:3]
+        ['embed', 'pos_embed', '0_attn_out.feature_0']
+        >>> labels[-3:]
+        ['0_attn_out.bias', '0_attn_out.error', '0_mlp_out']
         >>> bool((parts.sum(0) - cache["resid_post", 0]).abs().max() < 1e-12)
         True
     """
@@ -178,8 +180,8 @@ def decompose_resid_features(
     out_labels: list[str] = []
     for part, label in zip(stack, labels, strict=True):
         layer_str, _, kind = label.partition("_")
-        name = f"blocks.{layer_str}.hook_{kind}" if kind in ("attn_out", "mlp_out") else None
-        if name is not None and name in spliced:
+        name = f"blocks.{layer_str}.hook_{kind}"
+        if kind in ("attn_out", "mlp_out") and name in spliced:
             sub, sub_labels = dictionary_decomposition(
                 cache, name, features=features, return_labels=True
             )

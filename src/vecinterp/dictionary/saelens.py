@@ -120,7 +120,9 @@ def saelens_files(dictionary: SparseDictionary) -> tuple[dict[str, Any], dict[st
         record["d_out"] = cfg.d_out
         record["hook_name_out"] = cfg.hook_out or ""
     d = dictionary
-    tensors = {name: d.get_parameter(name) for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    tensors: dict[str, torch.Tensor] = {
+        name: d.get_parameter(name) for name in ("W_enc", "b_enc", "W_dec", "b_dec")
+    }
     if d.W_skip is not None:
         tensors["W_skip"] = d.W_skip.T
     if d.log_threshold is not None:

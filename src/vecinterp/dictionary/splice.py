@@ -57,7 +57,13 @@ DICTIONARY_HOOKS = (
 )
 """The hook points of a dictionary, by SAELens's names."""
 
-SAE_POINTS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+SAE_POINTS = (
+    "hook_resid_pre",
+    "hook_resid_mid",
+    "hook_resid_post",
+    "hook_attn_out",
+    "hook_mlp_out",
+)
 """The hook points of block ``L`` (``blocks.L.<name>``) an SAE may be spliced at."""
 
 
