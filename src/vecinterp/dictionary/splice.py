@@ -114,6 +114,16 @@ class SplicedPoint(InputTap):
         error_term: whether the output adds ``hook_sae_error`` back (see :mod:`.splice`).
         source: for a transcoder, the :class:`InputTap` it reads (``None`` for an SAE).
         source_name: that point's name (``None`` for an SAE).
+
+    Example:
+        >>> import vecinterp as vi
+        >>> from vecinterp.dictionary import DictionaryConfig, Transcoder, splice
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> tc = Transcoder(DictionaryConfig(d_in=8, d_sae=16, transcoder=True))
+        >>> point = splice(model, {"blocks.0.hook_mlp_out": tc}).blocks[0].hook_mlp_out
+        >>> point.source_name, point.error_term, point.hook_sae_acts_post.name
+        ('blocks.0.ln2.hook_normalized', True, 'blocks.0.hook_mlp_out.hook_sae_acts_post')
     """
 
     def __init__(
@@ -407,6 +417,11 @@ class SpliceMetric:
         spliced_mse: the spliced model's (every dictionary's reconstruction in place).
         increase: ``spliced_mse - original_mse`` (the vector-output analogue of the
             loss increase behind "loss recovered").
+
+    Example:
+        >>> from vecinterp.dictionary import SpliceMetric
+        >>> SpliceMetric(original_mse=0.5, spliced_mse=0.75, increase=0.25).increase
+        0.25
     """
 
     original_mse: float
