@@ -106,7 +106,8 @@ class SplicedPoint(InputTap):
     The dictionary's hook points are this point's children (``<name>.hook_sae_acts_post``,
     SAELens's names); the dictionary is ``.dictionary`` (its weights are the model's
     ``<name>.dictionary.W_enc``, ...), and its methods (``encode``, ``decode``) run
-    through those same hook points.
+    through those same hook points. ``model.hook_dict`` lists this point before the
+    dictionary's points (a module comes before its children), though it fires after them.
 
     Attributes:
         dictionary: the :class:`~vecinterp.dictionary.SparseDictionary` (a copy of the
