@@ -1,5 +1,5 @@
 """SAELens's on-disk layout (vecinterp.dictionary.saelens), checked against the layout of
-SAELens 6.18.0 as its source documents it (SAELens itself is not installed here): round
+SAELens 6.54.12 as its source documents it (against SAELens itself: the live tests): round
 trips ours -> SAELens files -> ours bit for bit, files by hand read as SAELens's formulas
 say, the files we write laid out as SAELens writes them, and refusals."""
 
@@ -28,6 +28,10 @@ KINDS = [
     ("transcoder", dict(activation="relu", transcoder=True, d_out=5)),
     ("skip_transcoder", dict(activation="relu", transcoder=True, d_out=5, skip=True)),
     ("jumprelu_transcoder", dict(activation="jumprelu", transcoder=True, d_out=5)),
+    (
+        "jumprelu_skip_transcoder",
+        dict(activation="jumprelu", transcoder=True, d_out=5, skip=True),
+    ),
 ]
 
 

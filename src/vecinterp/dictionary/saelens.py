@@ -1,26 +1,29 @@
 """SAELens's on-disk layout: a directory with ``cfg.json`` and ``sae_weights.safetensors``,
 as ``SAE.save_model`` writes it and ``SAE.load_from_disk`` reads it.
 
-The layout followed is SAELens 6.18.0's (``sae_lens/saes/*.py``, ``sae_lens/constants.py``,
-``sae_lens/loading/pretrained_sae_loaders.py`` of that release; read from its source, the
-tests check files against it, not against SAELens itself). ``cfg.json`` holds the config
+The layout followed is SAELens 6.54.12's (``sae_lens/saes/*.py``, ``sae_lens/constants.py``,
+``sae_lens/loading/pretrained_sae_loaders.py`` of that release; 6.18.0's is the same, less
+``jumprelu_skip_transcoder``). ``tests/test_dictionary_saelens.py`` checks files against
+this layout; ``tests/test_dictionary_saelens_live.py`` against SAELens itself where it is
+installed (it is not a dependency). ``cfg.json`` holds the config
 fields at its top level (``d_in``, ``d_sae``, ``dtype``, ``device``,
 ``apply_b_dec_to_input``, ``normalize_activations``, ``reshape_activations``,
 ``architecture``, per architecture ``k``, ``rescale_acts_by_decoder_norm``, ``d_out``,
 ``hook_name_out``) and a free ``metadata`` object (``hook_name``, ``sae_lens_version``,
 ...). The tensors, by SAELens's names and shapes:
 
-==========================  ===========================================================
-architecture                tensors (ours in brackets where they differ)
-==========================  ===========================================================
-``standard`` (ReLU)         ``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec [d_sae, d_in]``,
-                            ``b_dec``
-``topk``                    the same, and ``k`` in ``cfg.json``
-``jumprelu``                the same and ``threshold [d_sae]`` (``exp(log_threshold)``)
-``transcoder`` (ReLU)       ``W_dec [d_sae, d_out]``, ``b_dec [d_out]``; no pre-encoder bias
-``skip_transcoder``         and ``W_skip [d_out, d_in]`` (ours is its transpose)
-``jumprelu_transcoder``     a transcoder's tensors and ``threshold [d_sae]``
-==========================  ===========================================================
+==============================  =========================================================
+architecture                    tensors (ours in brackets where they differ)
+==============================  =========================================================
+``standard`` (ReLU)             ``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec [d_sae, d_in]``,
+                                ``b_dec``
+``topk``                        the same, and ``k`` in ``cfg.json``
+``jumprelu``                    the same and ``threshold [d_sae]`` (``exp(log_threshold)``)
+``transcoder`` (ReLU)           ``W_dec [d_sae, d_out]``, ``b_dec [d_out]``; no pre-encoder bias
+``skip_transcoder``             and ``W_skip [d_out, d_in]`` (ours is its transpose)
+``jumprelu_transcoder``         a transcoder's tensors and ``threshold [d_sae]``
+``jumprelu_skip_transcoder``    and ``W_skip [d_out, d_in]``
+==============================  =========================================================
 
 BatchTopK: SAELens saves a trained BatchTopK SAE for inference as ``jumprelu`` with the
 global threshold repeated per feature (``BatchTopKTrainingSAE.
@@ -29,9 +32,8 @@ rule ``pre * 1{pre > max(t, 0)}`` is SAELens's ``relu(pre) * 1{pre > t}``).
 :func:`save_saelens` also writes our own config under ``metadata["vecinterp_config"]``,
 so :func:`load_saelens` gives back the same dictionary (a BatchTopK one, the hook names,
 JumpReLU's bandwidth); a file without it is read by SAELens's fields alone. Refused with
-the reason: what SAELens 6.18.0 cannot hold (TopK or BatchTopK transcoders, a JumpReLU
-transcoder with a skip) and what ours cannot (``gated`` and other architectures,
-``apply_b_dec_to_input=false`` for an SAE, ``normalize_activations`` other than
+the reason: what SAELens cannot hold (TopK or BatchTopK transcoders) and what ours cannot
+(``gated`` and other architectures, ``apply_b_dec_to_input=false`` for an SAE, ``normalize_activations`` other than
 ``"none"``, ``hook_z`` reshaping, half-precision weights without ``dtype=``).
 """
 
@@ -49,7 +51,7 @@ from ..model.tensor_files import CHECKSUM_KEY, read_tensors, refuse_non_finite, 
 from ..training.checkpoint import write_dir_atomically
 from .modules import DictionaryConfig, SparseDictionary, make_dictionary
 
-SAELENS_VERSION = "6.18.0"
+SAELENS_VERSION = "6.54.12"
 """The SAELens release whose on-disk layout :func:`save_saelens` writes and
 :func:`load_saelens` reads."""
 CFG_FILE = "cfg.json"
@@ -70,12 +72,12 @@ def _architecture(cfg: DictionaryConfig) -> str:
         return {"relu": "standard", "topk": "topk", "batchtopk": "jumprelu"}.get(act, act)
     if act == "relu":
         return "skip_transcoder" if cfg.skip else "transcoder"
-    if act == "jumprelu" and not cfg.skip:
-        return "jumprelu_transcoder"
+    if act == "jumprelu":
+        return "jumprelu_skip_transcoder" if cfg.skip else "jumprelu_transcoder"
     raise ValueError(
-        f"SAELens {SAELENS_VERSION} has no transcoder with activation={act!r}"
-        f"{' and a skip' if cfg.skip else ''} (its transcoders: ReLU with or without a skip, "
-        "JumpReLU without): it cannot be written in SAELens's layout; use save_dictionary"
+        f"SAELens {SAELENS_VERSION} has no transcoder with activation={act!r} (its "
+        "transcoders: ReLU or JumpReLU, each with or without a skip): it cannot be written "
+        "in SAELens's layout; use save_dictionary"
     )
 
 
@@ -282,6 +284,7 @@ def _config(record: dict[str, Any], file: Path, dtype: str | None) -> Dictionary
         "transcoder",
         "skip_transcoder",
         "jumprelu_transcoder",
+        "jumprelu_skip_transcoder",
     )
     if arch not in known:
         raise _refuse(
@@ -336,7 +339,7 @@ def _config(record: dict[str, Any], file: Path, dtype: str | None) -> Dictionary
             k=k,
             d_out=record.get("d_out") if transcoder else None,
             transcoder=transcoder,
-            skip=arch == "skip_transcoder",
+            skip="skip" in arch,
             hook_in=metadata.get("hook_name"),
             hook_out=(record.get("hook_name_out") or metadata.get("hook_name_out") or None)
             if transcoder
