@@ -33,8 +33,9 @@ rule ``pre * 1{pre > max(t, 0)}`` is SAELens's ``relu(pre) * 1{pre > t}``).
 so :func:`load_saelens` gives back the same dictionary (a BatchTopK one, the hook names,
 JumpReLU's bandwidth); a file without it is read by SAELens's fields alone. Refused with
 the reason: what SAELens cannot hold (TopK or BatchTopK transcoders) and what ours cannot
-(``gated`` and other architectures, ``apply_b_dec_to_input=false`` for an SAE, ``normalize_activations`` other than
-``"none"``, ``hook_z`` reshaping, half-precision weights without ``dtype=``).
+(``gated`` and other architectures, ``apply_b_dec_to_input=false`` for an SAE,
+``normalize_activations`` other than ``"none"``, ``hook_z`` reshaping, half-precision
+weights without ``dtype=``).
 """
 
 import json
