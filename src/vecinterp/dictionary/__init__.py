@@ -9,9 +9,15 @@ activations, training, evaluation and files.
 - :func:`train_dictionary`: a seeded, checkpointed, exactly resumable training loop.
 - :func:`evaluate_dictionary`: FVU, L0, dead and dense features.
 - :func:`save_dictionary`, :func:`load_dictionary`: safetensors + JSON, checksummed.
+- :func:`splice` (:mod:`.splice`): a new model with dictionaries at named hook points,
+  exact with the error term; :func:`splice_metric`: the MSE without it.
+- :func:`dictionary_decomposition`, :func:`decompose_resid_features` (:mod:`.decompose`):
+  features + bias + error, counted once.
+- :func:`save_saelens`, :func:`load_saelens` (:mod:`.saelens`): SAELens's on-disk layout.
 """
 
 from .activations import ActivationBuffer, harvest_activations
+from .decompose import decompose_resid_features, dictionary_decomposition
 from .evaluate import DictionaryStats, evaluate_dictionary
 from .io import load_dictionary, save_dictionary
 from .modules import (
@@ -21,20 +27,32 @@ from .modules import (
     Transcoder,
     transcoder_hooks,
 )
+from .saelens import SAELENS_VERSION, load_saelens, save_saelens
+from .splice import SplicedPoint, SpliceMetric, splice, splice_metric, spliced_dictionaries
 from .train import DictionaryTrainResult, train_dictionary
 
 __all__ = [
+    "SAELENS_VERSION",
     "ActivationBuffer",
     "DictionaryConfig",
     "DictionaryStats",
     "DictionaryTrainResult",
     "SparseAutoencoder",
     "SparseDictionary",
+    "SpliceMetric",
+    "SplicedPoint",
     "Transcoder",
+    "decompose_resid_features",
+    "dictionary_decomposition",
     "evaluate_dictionary",
     "harvest_activations",
     "load_dictionary",
+    "load_saelens",
     "save_dictionary",
+    "save_saelens",
+    "splice",
+    "splice_metric",
+    "spliced_dictionaries",
     "train_dictionary",
     "transcoder_hooks",
 ]
