@@ -13,7 +13,11 @@ import torch
 from vecinterp.dictionary import DictionaryConfig, load_saelens, save_saelens
 from vecinterp.dictionary.modules import make_dictionary
 
-sae_lens = pytest.importorskip("sae_lens")
+sae_lens = pytest.importorskip(
+    "sae_lens",
+    reason="sae_lens is not installed: in a separate environment, pip install -e '.[saelens]' "
+    "(it brings transformer-lens and transformers)",
+)
 
 KINDS = [
     dict(activation="relu"),
