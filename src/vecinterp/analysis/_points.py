@@ -24,14 +24,22 @@ _FEATURE_LEAVES = (
     "hook_pre_linear",
     "hook_post",
     "hook_normalized",
+    # a spliced dictionary's points (vecinterp.dictionary.splice), under the point it is at
+    "hook_sae_input",
+    "hook_sae_acts_pre",
+    "hook_sae_acts_post",
+    "hook_sae_recons",
+    "hook_sae_error",
 )
 """Hook points laid out ``[batch, pos, features]``: the ones a probe or a subspace reads."""
 
 
 def resolve_points(model: HookedVectorTransformer, hook_names: object, name: str) -> list[str]:
     """Full hook names, in order: a short name (``"resid_post"``) gives one per layer, a
-    full name (``"blocks.1.hook_resid_mid"``, ``"hook_embed"``) itself. Only hook points
-    laid out ``[batch, pos, features]`` are accepted; errors call the argument ``name``."""
+    full name (``"blocks.1.hook_resid_mid"``, ``"hook_embed"``,
+    ``"blocks.0.hook_resid_post.hook_sae_acts_post"`` of a spliced model) itself. Only hook
+    points laid out ``[batch, pos, features]`` are accepted (a dictionary's features
+    included); errors call the argument ``name``."""
     given = [hook_names] if isinstance(hook_names, str) else hook_names
     if not isinstance(given, Sequence) or not given or not all(isinstance(n, str) for n in given):
         raise TypeError(
@@ -60,8 +68,9 @@ def resolve_points(model: HookedVectorTransformer, hook_names: object, name: str
                 raise ValueError(
                     f"{name}: {full!r} is not laid out [batch, pos, features]; use a residual "
                     "point (resid_pre, resid_mid, resid_post), attn_out, mlp_out, an MLP's "
-                    "pre/post (and a gated MLP's pre_linear), hook_embed, hook_pos_embed or "
-                    "ln_final.hook_normalized"
+                    "pre/post (and a gated MLP's pre_linear), hook_embed, hook_pos_embed, "
+                    "ln_final.hook_normalized or a spliced dictionary's point "
+                    "('<point>.hook_sae_acts_post', ...)"
                 )
             if full in names:
                 raise ValueError(f"{name}: {full!r} is requested twice")
@@ -138,7 +147,12 @@ def random_twin(
     with ``seed=0``, as it was. Should a weight matrix still equal ``model``'s (a model
     made to match), the control is drawn again with ``control_seed + 1`` (at most 3
     tries, then ``ValueError``); the seed returned is the one used. The global RNG is
-    left as it was."""
+    left as it was.
+
+    A spliced model (:func:`vecinterp.dictionary.splice`) gets a twin with the same
+    dictionaries spliced at the same points, with the same error term: the control of a
+    feature point is the same dictionary reading a random network (the dictionaries'
+    weights are not drawn again, and are not compared)."""
     for attempt in range(_CONTROL_TRIES):
         seed = (control_seed + attempt) % 2**64
         with torch.random.fork_rng(devices=[]):
@@ -148,11 +162,28 @@ def random_twin(
                 model.cfg, seed=None, device=model.W_E.device, dtype=model.W_E.dtype
             )
         if not _shares_a_matrix(twin, model):
-            return twin, seed
+            return _splice_like(twin, model), seed
     raise ValueError(
         f"the random-model control drawn with control_seed {control_seed} .. {seed} shares a "
         "weight matrix with the model every time: pass another control_seed"
     )
+
+
+def _splice_like(
+    twin: HookedVectorTransformer, model: HookedVectorTransformer
+) -> HookedVectorTransformer:
+    """``twin`` with ``model``'s spliced dictionaries at the same points (if any)."""
+    from ..dictionary.splice import SplicedPoint, splice  # the dictionaries use the analysis
+
+    for error_term in (True, False):
+        same = {
+            name: point.dictionary
+            for name, point in model.hook_dict.items()
+            if isinstance(point, SplicedPoint) and point.error_term is error_term
+        }
+        if same:
+            twin = splice(twin, same, error_term=error_term)
+    return twin
 
 
 def _shares_a_matrix(a: HookedVectorTransformer, b: HookedVectorTransformer) -> bool:

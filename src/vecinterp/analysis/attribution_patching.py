@@ -25,6 +25,7 @@ from .patching import (
     _check_patching_args,
     _layout,
     _resolve_hook_names,
+    check_layout,
 )
 
 __all__ = ["attribution_patching"]
@@ -33,7 +34,7 @@ _KEPT_AXES = {
     # layout -> by -> the axes of the activation a cell's result keeps, in result order
     # ("position": [batch, pos, ...]; "head": [batch, pos, n_heads, ...];
     #  "dest": [batch, n_heads, dest_pos, src_pos])
-    "position": {"layer": (), "layer_pos": (1,)},
+    "position": {"layer": (), "layer_pos": (1,), "feature": (2,), "feature_pos": (2, 1)},
     "head": {"layer": (), "layer_pos": (1,), "head": (2,), "head_pos": (2, 1)},
     "dest": {"layer": (), "layer_pos": (2,), "head": (1,), "head_pos": (1, 2)},
 }
@@ -77,9 +78,11 @@ def attribution_patching(
     Arguments, hook names, cells and the layout of the result are
     :func:`~vecinterp.analysis.patching.activation_patching`'s (see its table): ``[pos]``
     for ``by="layer_pos"``, ``[]`` for ``"layer"``, ``[n_heads]`` for ``"head"``,
-    ``[n_heads, pos]`` for ``"head_pos"``, with an ``n_layers`` axis first for a short
-    ``hook_name``. Forward hooks active during the call are part of the model in all runs,
-    as in activation patching (the gradient flows through what they return); the
+    ``[n_heads, pos]`` for ``"head_pos"``, ``[n_features]`` for ``"feature"``,
+    ``[n_features, pos]`` for ``"feature_pos"`` (a ``[batch, pos, features]`` point such
+    as a spliced dictionary's ``<point>.hook_sae_acts_post``), with an ``n_layers`` axis
+    first for a short ``hook_name``. Forward hooks active during the call are part of the
+    model in all runs, as in activation patching (the gradient flows through what they return); the
     estimate is taken with respect to what flows out of the hook point after them.
 
     Cost: one forward pass on ``clean_x`` (none when ``clean_cache`` is given), one on
@@ -97,7 +100,8 @@ def attribution_patching(
             output with differentiable torch operations (e.g.
             ``lambda y: vi.masked_mse(y, targets)``).
         hook_name: a short activation name (all layers) or a full hook name (one hook).
-        by: ``"layer_pos"`` (default), ``"layer"``, ``"head"`` or ``"head_pos"``.
+        by: ``"layer_pos"`` (default), ``"layer"``, ``"head"``, ``"head_pos"``,
+            ``"feature"`` or ``"feature_pos"``.
         clean_cache: the clean run's activations (an :class:`~vecinterp.ActivationCache`
             or a dict keyed by full hook name); computed from ``clean_x`` when ``None``.
             When it holds ``hook_embed``, that must be the model's embedding of
@@ -141,11 +145,7 @@ def attribution_patching(
         raise TypeError(f"progress must be True or False, got {progress!r}")
     names, layered = _resolve_hook_names(model, hook_name)
     layout = _layout(names[0])
-    if by in ("head", "head_pos") and layout == "position":
-        raise ValueError(
-            f"by={by!r} needs a per-head hook point (one of q, k, v, rot_q, rot_k, z, result, "
-            f"pattern, attn_scores), got {hook_name!r}; use by='layer_pos' or 'layer'"
-        )
+    check_layout(by, layout, hook_name)
     _refuse_backward_hooks(model)
     with torch.no_grad():
         clean_acts = clean_activations(model, clean_x, names, clean_cache)

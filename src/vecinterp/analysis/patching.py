@@ -36,7 +36,7 @@ _HEAD_LEAVES = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_
 _KV_LEAVES = ("hook_k", "hook_v", "hook_rot_k")  # of those, one head per key/value head
 _DEST_LEAVES = ("hook_pattern", "hook_attn_scores")
 """Hook points laid out ``[batch, n_heads, dest_pos, src_pos]``."""
-_BY = ("layer_pos", "layer", "head", "head_pos")
+_BY = ("layer_pos", "layer", "head", "head_pos", "feature", "feature_pos")
 _AUTO_SEQUENCES = 512
 """With ``chunk_size=None``, a pass holds at most this many sequences (at least one copy)."""
 
@@ -110,18 +110,28 @@ def activation_patching(
     Cells (``pos`` is ``clean_x.shape[1]``; for ``pattern``/``attn_scores`` a position is
     a destination position, i.e. one row of the pattern):
 
-    ===============  ========================================  ======================
-    ``by``           cell                                      result per hook point
-    ===============  ========================================  ======================
-    ``"layer_pos"``  one position (all heads, all features)    ``[pos]``
-    ``"layer"``      the whole activation                      ``[]``
-    ``"head"``       one head at every position                ``[n_heads]``
-    ``"head_pos"``   one head at one position                  ``[n_heads, pos]``
-    ===============  ========================================  ======================
+    =================  ========================================  ======================
+    ``by``             cell                                      result per hook point
+    =================  ========================================  ======================
+    ``"layer_pos"``    one position (all heads, all features)    ``[pos]``
+    ``"layer"``        the whole activation                      ``[]``
+    ``"head"``         one head at every position                ``[n_heads]``
+    ``"head_pos"``     one head at one position                  ``[n_heads, pos]``
+    ``"feature"``      one feature (last axis), every position   ``[n_features]``
+    ``"feature_pos"``  one feature at one position               ``[n_features, pos]``
+    =================  ========================================  ======================
 
     ``"head"`` and ``"head_pos"`` need a per-head hook point: ``q``, ``k``, ``v``,
     ``rot_q``, ``rot_k``, ``z``, ``result`` (``[batch, pos, n_heads, ...]``) or
     ``pattern``, ``attn_scores`` (``[batch, n_heads, dest_pos, src_pos]``).
+    ``"feature"`` and ``"feature_pos"`` need a point laid out ``[batch, pos, features]``
+    (``n_features`` its last axis): a spliced dictionary's feature point
+    ``<point>.hook_sae_acts_post`` (``[batch, pos, d_sae]``, one cell per feature; see
+    :func:`vecinterp.dictionary.splice`), an MLP's ``hook_post`` (one neuron), a residual
+    point (one coordinate). A dictionary's hook points (``<point>.hook_sae_acts_post``,
+    ``.hook_sae_error``, ...) are swept like any other full hook name; with the error term
+    the error is computed from the run's own input, so a patched feature moves the point by
+    ``(clean - corrupted act) * W_dec[i]`` and nothing else.
 
     A short ``hook_name`` (``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``,
     ``"attn_out"``, ``"mlp_out"``, ``"pre"``, ``"post"``, ``"z"``, ``"pattern"``, ...)
@@ -149,7 +159,8 @@ def activation_patching(
             e.g. ``lambda y: vi.masked_mse(y, targets)``. It must return a tensor with one
             element or a Python number.
         hook_name: a short activation name (all layers) or a full hook name (one hook).
-        by: ``"layer_pos"`` (default), ``"layer"``, ``"head"`` or ``"head_pos"``.
+        by: ``"layer_pos"`` (default), ``"layer"``, ``"head"``, ``"head_pos"``,
+            ``"feature"`` or ``"feature_pos"``.
         clean_cache: the clean run's activations (an :class:`~vecinterp.ActivationCache`
             or a dict keyed by full hook name); computed from ``clean_x`` when ``None``.
             When it holds ``hook_embed`` (``run_with_cache`` without a ``names_filter``
@@ -189,17 +200,14 @@ def activation_patching(
     _check_patching_args(model, clean_x, corrupted_x, metric, by, chunk_size)
     names, layered = _resolve_hook_names(model, hook_name)
     layout = _layout(names[0])
-    if by in ("head", "head_pos") and layout == "position":
-        raise ValueError(
-            f"by={by!r} needs a per-head hook point (one of q, k, v, rot_q, rot_k, z, result, "
-            f"pattern, attn_scores), got {hook_name!r}; use by='layer_pos' or 'layer'"
-        )
+    check_layout(by, layout, hook_name)
     batch, n_pos = clean_x.shape[0], clean_x.shape[1]
     n_heads = model.cfg.n_kv_heads if names[0].endswith(_KV_LEAVES) else model.cfg.n_heads
-    cells, cell_shape = _cells(layout, by, n_pos, n_heads)
     k_max = max(1, _AUTO_SEQUENCES // batch) if chunk_size is None else chunk_size
     with torch.no_grad():
         clean_acts = clean_activations(model, clean_x, names, clean_cache, finite=True)
+        n_features = clean_acts[names[0]].shape[-1]  # the last axis: by="feature*" cells
+        cells, cell_shape = _cells(layout, by, n_pos, n_heads, n_features)
         passes = [
             (name, cells[start : start + k_max])
             for name in names
@@ -277,11 +285,35 @@ def _layout(name: str) -> str:
     return "position"
 
 
+def check_layout(by: str, layout: str, hook_name: str) -> None:
+    """Refuse a ``by`` the layout of the hook point has no axis for (shared with
+    attribution patching)."""
+    if by in ("head", "head_pos") and layout == "position":
+        raise ValueError(
+            f"by={by!r} needs a per-head hook point (one of q, k, v, rot_q, rot_k, z, result, "
+            f"pattern, attn_scores), got {hook_name!r}; use by='layer_pos', 'layer', "
+            "'feature' or 'feature_pos'"
+        )
+    if by in ("feature", "feature_pos") and layout != "position":
+        raise ValueError(
+            f"by={by!r} needs a hook point laid out [batch, pos, features] (e.g. a spliced "
+            f"dictionary's '<point>.hook_sae_acts_post', an MLP's hook_post), got {hook_name!r} "
+            "with per-head axes; use by='head', 'head_pos', 'layer_pos' or 'layer'"
+        )
+
+
 def _cells(
-    layout: str, by: str, n_pos: int, n_heads: int
+    layout: str, by: str, n_pos: int, n_heads: int, n_features: int = 0
 ) -> tuple[list[tuple[int | slice, ...]], tuple[int, ...]]:
     """Each cell as an index after the batch axis, in result order, and the result shape."""
     every = slice(None)
+    if by == "feature":
+        return [(every, f) for f in range(n_features)], (n_features,)
+    if by == "feature_pos":
+        cells_f: list[tuple[int | slice, ...]] = [
+            (p, f) for f in range(n_features) for p in range(n_pos)
+        ]
+        return cells_f, (n_features, n_pos)
     if by == "layer":
         return [()], ()
     if by == "layer_pos":
@@ -316,6 +348,7 @@ def _patched_pass(
     input (``start == 0``) or its residual stream entering block ``start``."""
     k, batch = len(chunk), corrupted_x.shape[0]
     n_indexed = 1 if _layout(name) == "position" else 2
+    n_indexed = max([n_indexed, *(len(cell) for cell in chunk)])  # a feature cell: (pos, f)
 
     def hook(act: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         rest = act.shape[1:]
