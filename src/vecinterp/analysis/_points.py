@@ -3,6 +3,7 @@ full names, the block a run can start or stop at for a hook point, and a capture
 the requested hook points at the requested positions."""
 
 import hashlib
+from typing import Any
 from collections.abc import Sequence
 
 import torch
@@ -175,9 +176,14 @@ def _splice_like(
     """``twin`` with ``model``'s spliced dictionaries at the same points (if any)."""
     from ..dictionary.splice import SplicedPoint, splice  # the dictionaries use the analysis
 
+    def fresh(d: Any) -> Any:  # a spliced dictionary lent its hook points to the point
+        new = type(d)(d.cfg)
+        new.load_state_dict(d.state_dict())
+        return new.to(device=twin.W_E.device, dtype=twin.W_E.dtype)
+
     for error_term in (True, False):
         same = {
-            name: point.dictionary
+            name: fresh(point.dictionary)
             for name, point in model.hook_dict.items()
             if isinstance(point, SplicedPoint) and point.error_term is error_term
         }

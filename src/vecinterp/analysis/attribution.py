@@ -34,7 +34,7 @@ from ..model.components import TransformerBlock
 from ..model.validation import check_bool, check_finite, check_input
 from ._validate import check_model
 
-COMPONENTS = ("all", "layers", "heads")
+COMPONENTS = ("all", "layers", "heads", "features")
 _HEAD = re.compile(r"L(\d+)H\d+")
 _ATTN_BIAS = re.compile(r"(\d+)_b_O")
 # labels before TransformerLens's scheme was adopted: L{l}_attn, L{l}_mlp, L{l}_b_O
@@ -161,7 +161,7 @@ def direct_attribution(
 
     ``A_c[b, p] = ⟨LN_final_lin(c_{b,p}) W_U, t_{b,p}⟩``, the final norm linearised at the
     scale cached in ``cache`` (see the module docstring). With ``components="all"`` or
-    ``"layers"`` the components are complete and
+    ``"layers"`` or ``"features"`` the components are complete and
 
     .. math:: \\sum_c A_c[b, p] = \\langle y_{b,p} - b_U,\\; t_{b,p} \\rangle
 
@@ -183,7 +183,16 @@ def direct_attribution(
             ``ln_final_b`` (LN only); ``"layers"``: the same with each block's heads and
             ``b_O`` replaced by its whole attention output ``{l}_attn_out``; ``"heads"``:
             the heads alone (not a complete decomposition: the sum identity does not
-            hold). The labels are TransformerLens's, as in
+            hold); ``"features"`` (a model made by :func:`vecinterp.dictionary.splice`):
+            ``"layers"``'s components with each one that a dictionary is spliced on (an
+            SAE at ``hook_attn_out``/``hook_mlp_out``, a transcoder replacing an MLP)
+            split into that dictionary's features, bias, skip and error
+            (``"1_mlp_out.feature_3"``, ``"1_mlp_out.bias"``, ``"1_mlp_out.error"``: the
+            stack of :func:`vecinterp.dictionary.decompose_resid_features`), so the sum
+            identity still holds and feature ``i``'s attribution is ``⟨LN_final_lin(acts_i
+            W_dec[i]) W_U, t⟩``. A dictionary on the residual stream is a view of the
+            whole stream, not a component, so it adds nothing here (see the how-to). The
+            labels are TransformerLens's, as in
             :meth:`~vecinterp.ActivationCache.decompose_resid`.
         loss_mask: boolean ``[batch, pos]`` or ``[pos]`` (``pos`` that of the run or of the
             targets), stored in the result as the default positions of
@@ -193,10 +202,13 @@ def direct_attribution(
         A :class:`DirectAttribution` with ``values [component, batch, pos_t]``.
 
     Raises ``ValueError`` (never a sum that silently fails) when the model's weights
-    changed after the run (naming the weight), and, with ``"all"`` or ``"layers"``, when a
+    changed after the run (naming the weight), and, with ``"all"``, ``"layers"`` or ``"features"``, when a
     hook of the run edited a point the identity assumes unedited: a
     ``hook_resid_pre/mid/post``, ``ln_final.hook_normalized`` or ``unembed.hook_out``;
-    with ``"all"`` also a ``hook_attn_out`` (the heads and ``b_O`` would no longer sum to
+    with ``"all"`` also a ``hook_attn_out``; with ``"features"`` also what
+    :func:`~vecinterp.dictionary.decompose_resid_features` refuses (an edit of a spliced
+    point or of its ``hook_sae_recons``, a residual dictionary without the error term
+    upstream) (the heads and ``b_O`` would no longer sum to
     it: ``"layers"`` reads the edited one). Edits of ``hook_embed``, ``hook_result``,
     ``hook_mlp_out``, anything inside attention or an MLP, and a norm's ``hook_scale``
     keep the identity exact.
@@ -359,6 +371,11 @@ def _components(
     if components == "heads":
         heads, labels = cache.stack_head_results(return_labels=True)
         return heads, list(labels)
+    if components == "features":
+        from ..dictionary.decompose import decompose_resid_features  # imports the cache
+
+        stack, feature_labels = decompose_resid_features(cache, None, return_labels=True)
+        return stack, list(feature_labels)
     embed = cache["embed"]
     parts, labels = [embed], ["embed"]
     if model.pos_embed is not None:
