@@ -3,8 +3,8 @@ full names, the block a run can start or stop at for a hook point, and a capture
 the requested hook points at the requested positions."""
 
 import hashlib
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm

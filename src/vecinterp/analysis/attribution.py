@@ -202,14 +202,14 @@ def direct_attribution(
         A :class:`DirectAttribution` with ``values [component, batch, pos_t]``.
 
     Raises ``ValueError`` (never a sum that silently fails) when the model's weights
-    changed after the run (naming the weight), and, with ``"all"``, ``"layers"`` or ``"features"``, when a
-    hook of the run edited a point the identity assumes unedited: a
+    changed after the run (naming the weight), and, with ``"all"``, ``"layers"`` or
+    ``"features"``, when a hook of the run edited a point the identity assumes unedited: a
     ``hook_resid_pre/mid/post``, ``ln_final.hook_normalized`` or ``unembed.hook_out``;
-    with ``"all"`` also a ``hook_attn_out``; with ``"features"`` also what
+    with ``"all"`` also a ``hook_attn_out`` (the heads and ``b_O`` would no longer sum to
+    it: ``"layers"`` reads the edited one); with ``"features"`` also what
     :func:`~vecinterp.dictionary.decompose_resid_features` refuses (an edit of a spliced
     point or of its ``hook_sae_recons``, a residual dictionary without the error term
-    upstream) (the heads and ``b_O`` would no longer sum to
-    it: ``"layers"`` reads the edited one). Edits of ``hook_embed``, ``hook_result``,
+    upstream). Edits of ``hook_embed``, ``hook_result``,
     ``hook_mlp_out``, anything inside attention or an MLP, and a norm's ``hook_scale``
     keep the identity exact.
 
