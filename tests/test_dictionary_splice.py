@@ -17,6 +17,7 @@ from vecinterp.dictionary import (
     splice,
     splice_metric,
     spliced_dictionaries,
+    unspliced_copy,
 )
 from vecinterp.dictionary.splice import clean_reconstruction
 
@@ -141,6 +142,33 @@ def test_original_and_dictionaries_are_untouched() -> None:
     assert spliced_dictionaries(spliced)["blocks.0.hook_resid_mid"] is not sae
     assert _diff(spliced(_x()), y_before) <= EXACT
     assert not any(p is q for p in spliced.parameters() for q in model.parameters())
+
+
+@pytest.mark.parametrize("activation", ["relu", "topk", "batchtopk", "jumprelu"])
+def test_dictionaries_taken_out_of_a_spliced_model_splice_again(activation: str) -> None:
+    """A dictionary from spliced_dictionaries lent its hook points to the spliced point;
+    splice (through unspliced_copy) rebuilds it, and the result computes the same bits."""
+    model = _model()
+    points = {"blocks.0.hook_resid_mid": _sae(activation), "blocks.1.hook_mlp_out": _transcoder()}
+    once = splice(model, points)
+    taken = spliced_dictionaries(once)
+    twice = splice(model, taken)
+    again = splice(model, {k: unspliced_copy(v) for k, v in taken.items()})
+    y, cache = once.run_with_cache(_x())
+    for other in (twice, again):
+        y2, cache2 = other.run_with_cache(_x())
+        assert torch.equal(y2, y)
+        assert cache2.keys() == cache.keys()
+        assert all(torch.equal(cache2[k], cache[k]) for k in cache.keys())
+    copy = unspliced_copy(taken["blocks.0.hook_resid_mid"])
+    assert copy is not taken["blocks.0.hook_resid_mid"]
+    assert sorted(copy.hook_dict) == sorted(
+        ["hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons",
+         "hook_sae_error"]
+    )  # fmt: skip
+    state = taken["blocks.0.hook_resid_mid"].state_dict()
+    assert copy.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in copy.state_dict().items())
 
 
 def test_hook_on_a_feature_acts_by_exactly_its_decoder_row() -> None:

@@ -44,6 +44,7 @@ from .dictionary import (
     spliced_dictionaries,
     train_dictionary,
     transcoder_hooks,
+    unspliced_copy,
 )
 from .factored_matrix import FactoredMatrix
 from .hooks import HookHandle, HookPoint
@@ -138,6 +139,7 @@ __all__ = [
     "splice",
     "splice_metric",
     "spliced_dictionaries",
+    "unspliced_copy",
     "SpliceMetric",
     "SplicedPoint",
     "dictionary_decomposition",

@@ -174,12 +174,10 @@ def _splice_like(
     twin: HookedVectorTransformer, model: HookedVectorTransformer
 ) -> HookedVectorTransformer:
     """``twin`` with ``model``'s spliced dictionaries at the same points (if any)."""
-    from ..dictionary.splice import SplicedPoint, splice  # the dictionaries use the analysis
+    from ..dictionary.splice import SplicedPoint, splice, unspliced_copy  # (a cycle)
 
     def fresh(d: Any) -> Any:  # a spliced dictionary lent its hook points to the point
-        new = type(d)(d.cfg)
-        new.load_state_dict(d.state_dict())
-        return new.to(device=twin.W_E.device, dtype=twin.W_E.dtype)
+        return unspliced_copy(d).to(device=twin.W_E.device, dtype=twin.W_E.dtype)
 
     for error_term in (True, False):
         same = {

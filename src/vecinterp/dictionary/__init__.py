@@ -28,7 +28,14 @@ from .modules import (
     transcoder_hooks,
 )
 from .saelens import SAELENS_VERSION, load_saelens, save_saelens
-from .splice import SplicedPoint, SpliceMetric, splice, splice_metric, spliced_dictionaries
+from .splice import (
+    SplicedPoint,
+    SpliceMetric,
+    splice,
+    splice_metric,
+    spliced_dictionaries,
+    unspliced_copy,
+)
 from .train import DictionaryTrainResult, train_dictionary
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "splice",
     "splice_metric",
     "spliced_dictionaries",
+    "unspliced_copy",
     "train_dictionary",
     "transcoder_hooks",
 ]

@@ -360,7 +360,7 @@ def splice(
         source = sources[name]
         if source is not None and source not in sources:  # else an SAE there is the tap
             _place(new, source, points[source], InputTap())
-        spliced = SplicedPoint(copy.deepcopy(d).train(False), error_term)
+        spliced = SplicedPoint(unspliced_copy(d).train(False), error_term)
         placed = _place(new, name, points[name], spliced)
         assert placed is spliced
     points = new.hook_dict
@@ -374,6 +374,35 @@ def splice(
         spliced.source_name = source
     new.setup_hooks()
     return new
+
+
+def unspliced_copy(dictionary: SparseDictionary) -> SparseDictionary:
+    """A copy of ``dictionary`` that owns its hook points, ready to splice: a deep copy; or,
+    for a dictionary taken out of a spliced model (:func:`spliced_dictionaries`), whose hook
+    points now belong to the spliced point, a new dictionary of the same class and config
+    with the same state (parameters and buffers), dtype, device and training mode.
+    :func:`splice` copies every dictionary it is given this way.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.dictionary import (DictionaryConfig, SparseAutoencoder, splice,
+        ...                                   spliced_dictionaries, unspliced_copy)
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> once = splice(model, {"blocks.0.hook_resid_post": SparseAutoencoder(
+        ...     DictionaryConfig(d_in=8, d_sae=16))})
+        >>> taken = spliced_dictionaries(once)["blocks.0.hook_resid_post"]
+        >>> again = splice(model, {"blocks.0.hook_resid_post": unspliced_copy(taken)})
+        >>> x = torch.randn(2, 5, 3)
+        >>> torch.equal(again(x), once(x))
+        True
+    """
+    if all(isinstance(dictionary._modules.get(h), HookPoint) for h in DICTIONARY_HOOKS):
+        return copy.deepcopy(dictionary)
+    param = next(dictionary.parameters())
+    new = type(dictionary)(dictionary.cfg)
+    new.load_state_dict(dictionary.state_dict())
+    return new.to(device=param.device, dtype=param.dtype).train(dictionary.training)
 
 
 def _place(model: HookedVectorTransformer, name: str, old: HookPoint, new: InputTap) -> InputTap:
