@@ -7,7 +7,9 @@ activations, training, evaluation and files.
 - :func:`harvest_activations`, :class:`ActivationBuffer`: activations of any
   :class:`~vecinterp.HookedVectorTransformer` at named hook points and positions.
 - :func:`train_dictionary`: a seeded, checkpointed, exactly resumable training loop.
-- :func:`evaluate_dictionary`: FVU, L0, dead and dense features.
+- :func:`evaluate_dictionary`: FVU, L0, dead and dense features; :mod:`.report`: feature
+  density, decoder similarity to given directions, correlations with a variable, and
+  :func:`feature_report` (a :class:`FeatureReport` with a Markdown table).
 - :func:`save_dictionary`, :func:`load_dictionary`: safetensors + JSON, checksummed.
 - :func:`splice` (:mod:`.splice`): a new model with dictionaries at named hook points,
   exact with the error term; :func:`splice_metric`: the MSE without it.
@@ -27,6 +29,13 @@ from .modules import (
     Transcoder,
     transcoder_hooks,
 )
+from .report import (
+    FeatureReport,
+    decoder_similarity,
+    feature_correlations,
+    feature_density,
+    feature_report,
+)
 from .saelens import SAELENS_VERSION, load_saelens, save_saelens
 from .splice import (
     SplicedPoint,
@@ -44,14 +53,19 @@ __all__ = [
     "DictionaryConfig",
     "DictionaryStats",
     "DictionaryTrainResult",
+    "FeatureReport",
     "SparseAutoencoder",
     "SparseDictionary",
     "SpliceMetric",
     "SplicedPoint",
     "Transcoder",
+    "decoder_similarity",
     "decompose_resid_features",
     "dictionary_decomposition",
     "evaluate_dictionary",
+    "feature_correlations",
+    "feature_density",
+    "feature_report",
     "harvest_activations",
     "load_dictionary",
     "load_saelens",

@@ -29,7 +29,9 @@ One module per family of figures, every name re-exported here: ``attention``
 :func:`plot_score_grid`, :func:`plot_eigenvalue_scores`), ``attribution`` (attributions and
 fits: :func:`plot_attribution`, :func:`plot_fit`, :func:`plot_residual_vs_target`),
 ``curves`` (:func:`plot_loss`, :func:`plot_emergence`), ``circuit`` (:func:`plot_circuit`,
-the graph of a discovered circuit) and ``figures`` (:func:`add_note`,
+the graph of a discovered circuit), ``features`` (a sparse dictionary's features:
+:func:`plot_feature_density`, :func:`plot_decoder_similarity`,
+:func:`plot_feature_activation`) and ``figures`` (:func:`add_note`,
 :func:`save_figure`, :func:`save_figures`); ``_common`` holds the matplotlib import guard
 and the helpers they share.
 """
@@ -46,6 +48,7 @@ from .attribution import plot_attribution, plot_fit, plot_residual_vs_target
 from .circuit import plot_circuit
 from .curves import LossHistory as LossHistory
 from .curves import plot_emergence, plot_loss
+from .features import plot_decoder_similarity, plot_feature_activation, plot_feature_density
 from .figures import add_note, save_figure, save_figures
 from .matrices import EIGENVALUE_SCALE_LABELS as _SCALE_LABELS
 from .matrices import plot_eigenvalue_scores, plot_matrix, plot_score_grid
@@ -56,8 +59,11 @@ __all__ = [
     "plot_attention_grid",
     "plot_attribution",
     "plot_circuit",
+    "plot_decoder_similarity",
     "plot_eigenvalue_scores",
     "plot_emergence",
+    "plot_feature_activation",
+    "plot_feature_density",
     "plot_fit",
     "plot_loss",
     "plot_matrix",
