@@ -35,7 +35,7 @@ def plot_feature_density(
         >>> ax = vp.plot_feature_density([0.0, 0.001, 0.01, 0.01, 0.5])
         >>> dead = ax.containers[-1]  # the histogram's bars are ax.containers[0]
         >>> dead.get_label(), dead.datavalues.tolist()
-        ('dead', [1.0])
+        ('dead', [1])
     """
     d = _to_numpy(density, "density")
     _check_ndim(d, (1,), "density", "[d_sae]")
