@@ -16,9 +16,10 @@ of ``a_k = c a_{k-1} + d``), this script trains
 then, on held-out sequences, correlates each feature's activation with each variable at
 each position (Pearson's r for ``c``; for the 40-dim ``d`` and ``a_{t-1}`` the multiple
 correlation, the square root of the held-out R² of a least-squares fit of the feature on
-the 40 coordinates, fitted on half the sequences and scored on the other half), compares the SAE's decoder rows with least-squares probe directions
-for the three variables at the same point, and measures the task MSE with each dictionary
-spliced in with the error term (equal to the original's) and without it.
+the 40 coordinates, fitted on half the sequences and scored on the other half), compares
+the SAE's decoder rows with least-squares probe directions for the three variables at the
+same point, and measures the task MSE with each dictionary spliced in with the error term
+(equal to the original's) and without it.
 
 Run::
 
@@ -155,9 +156,7 @@ def train(model, args, progress: bool) -> tuple[dict, dict[str, float]]:
     common = dict(d_sae=args.d_sae, activation="topk", k=args.k)
     sae = vi.SparseAutoencoder(vi.DictionaryConfig(d_in=d_model, hook_in=SAE_POINT, **common))
     tc = vi.Transcoder(
-        vi.DictionaryConfig(
-            d_in=d_model, transcoder=True, hook_in=TC_IN, hook_out=TC_OUT, **common
-        )
+        vi.DictionaryConfig(d_in=d_model, transcoder=True, hook_in=TC_IN, hook_out=TC_OUT, **common)
     )
     fit = dict(
         steps=args.steps, batch_size=args.batch_size, lr=3e-3, warmup_steps=args.steps // 20,

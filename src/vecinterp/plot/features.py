@@ -49,7 +49,7 @@ def plot_feature_density(
         lo, hi = lo - 0.5, hi + 0.5
     edges = np.linspace(lo, hi, bins + 1)
     width = edges[1] - edges[0]
-    ax.hist(live, bins=edges, color="tab:blue", label="live")
+    ax.hist(live, bins=edges.tolist(), color="tab:blue", label="live")
     dead_x = lo - 1.5 * width
     ax.bar([dead_x], [n_dead], width=width, color="0.6", label="dead")
     ax.annotate(
@@ -102,7 +102,9 @@ def plot_decoder_similarity(
     ax.figure.colorbar(im, ax=ax, label="cosine")
     names = list(labels) if labels is not None else [str(i) for i in range(s.shape[0])]
     per_dir = np.nan_to_num(np.abs(s), nan=0.0).max(1)
-    ax.set_yticks(range(s.shape[0]), [f"{n} ({b:.2f})" for n, b in zip(names, per_dir)])
+    ax.set_yticks(
+        range(s.shape[0]), [f"{n} ({b:.2f})" for n, b in zip(names, per_dir, strict=True)]
+    )
     if len(order) <= 40:
         ax.set_xticks(range(len(order)), [str(int(i)) for i in order])
         if len(order) > 12:
