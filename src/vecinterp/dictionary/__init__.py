@@ -12,7 +12,7 @@ activations, training, evaluation and files.
   :func:`feature_report` (a :class:`FeatureReport` with a Markdown table).
 - :func:`save_dictionary`, :func:`load_dictionary`: safetensors + JSON, checksummed.
 - :func:`splice` (:mod:`.splice`): a new model with dictionaries at named hook points,
-  exact with the error term; :func:`splice_metric`: the MSE without it.
+  exact with the error term; :func:`splice_metric` (:mod:`.report`): the MSE without it.
 - :func:`dictionary_decomposition`, :func:`decompose_resid_features` (:mod:`.decompose`):
   features + bias + error, counted once.
 - :func:`save_saelens`, :func:`load_saelens` (:mod:`.saelens`): SAELens's on-disk layout.
@@ -31,20 +31,15 @@ from .modules import (
 )
 from .report import (
     FeatureReport,
+    SpliceMetric,
     decoder_similarity,
     feature_correlations,
     feature_density,
     feature_report,
+    splice_metric,
 )
 from .saelens import SAELENS_VERSION, load_saelens, save_saelens
-from .splice import (
-    SplicedPoint,
-    SpliceMetric,
-    splice,
-    splice_metric,
-    spliced_dictionaries,
-    unspliced_copy,
-)
+from .splice import SplicedPoint, splice, spliced_dictionaries, unspliced_copy
 from .train import DictionaryTrainResult, train_dictionary
 
 __all__ = [

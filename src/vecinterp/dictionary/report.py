@@ -6,15 +6,16 @@ pictures of these are in :mod:`vecinterp.plot` (``plot_feature_density``,
 ``plot_decoder_similarity``, ``plot_feature_activation``)."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Bool, Float
 
 from ..model import HookedVectorTransformer
 from .evaluate import evaluate_dictionary
 from .modules import SparseDictionary
-from .splice import SpliceMetric, splice_metric
+from .splice import splice
 
 
 @torch.no_grad()
@@ -75,6 +76,27 @@ def decoder_similarity(
     a = directions / directions.norm(dim=1, keepdim=True)
     b = rows / rows.norm(dim=1, keepdim=True)
     return a @ b.T
+
+
+@dataclass(frozen=True)
+class SpliceMetric:
+    """What splicing without the error term costs on given data (:func:`splice_metric`).
+
+    Attributes:
+        original_mse: the original model's masked MSE.
+        spliced_mse: the spliced model's (every dictionary's reconstruction in place).
+        increase: ``spliced_mse - original_mse`` (the vector-output analogue of the
+            loss increase behind "loss recovered").
+
+    Example:
+        >>> from vecinterp.dictionary import SpliceMetric
+        >>> SpliceMetric(original_mse=0.5, spliced_mse=0.75, increase=0.25).increase
+        0.25
+    """
+
+    original_mse: float
+    spliced_mse: float
+    increase: float
 
 
 def feature_correlations(acts: torch.Tensor, variable: torch.Tensor) -> torch.Tensor:
@@ -244,3 +266,31 @@ def feature_report(
         dense_above=dense_above,
         splice=metric,
     )
+
+
+def splice_metric(
+    model: HookedVectorTransformer,
+    dictionaries: Mapping[str, SparseDictionary] | Iterable[tuple[str, SparseDictionary]],
+    x: Float[torch.Tensor, "batch pos d_in"],
+    targets: Float[torch.Tensor, "batch pos d_out"],
+    loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
+) -> SpliceMetric:
+    """The task's MSE when ``dictionaries`` replace what they read (spliced without the
+    error term) against the original model's, on ``x`` and ``targets``.
+
+    Example:
+        >>> import torch, vecinterp as vi
+        >>> from vecinterp.dictionary import DictionaryConfig, SparseAutoencoder, splice_metric
+        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
+        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
+        >>> sae = SparseAutoencoder(DictionaryConfig(d_in=8, d_sae=16))
+        >>> x, t = torch.randn(4, 5, 3), torch.randn(4, 5, 3)
+        >>> m = splice_metric(model, {"blocks.0.hook_resid_mid": sae}, x, t)
+        >>> abs(m.increase - (m.spliced_mse - m.original_mse)) < 1e-12
+        True
+    """
+    spliced = splice(model, dictionaries, error_term=False)
+    with torch.no_grad():
+        original = model(x, targets=targets, loss_mask=loss_mask, return_type="loss")
+        replaced = spliced(x, targets=targets, loss_mask=loss_mask, return_type="loss")
+    return SpliceMetric(float(original), float(replaced), float(replaced) - float(original))

@@ -38,11 +38,10 @@ input, the transcoder's without hooks).
 import copy
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 
 from ..hooks import HookPoint
 from ..model import HookedVectorTransformer
@@ -436,52 +435,3 @@ def spliced_dictionaries(model: HookedVectorTransformer) -> dict[str, SparseDict
         for name, point in model.hook_dict.items()
         if isinstance(point, SplicedPoint)
     }
-
-
-@dataclass(frozen=True)
-class SpliceMetric:
-    """What splicing without the error term costs on given data (:func:`splice_metric`).
-
-    Attributes:
-        original_mse: the original model's masked MSE.
-        spliced_mse: the spliced model's (every dictionary's reconstruction in place).
-        increase: ``spliced_mse - original_mse`` (the vector-output analogue of the
-            loss increase behind "loss recovered").
-
-    Example:
-        >>> from vecinterp.dictionary import SpliceMetric
-        >>> SpliceMetric(original_mse=0.5, spliced_mse=0.75, increase=0.25).increase
-        0.25
-    """
-
-    original_mse: float
-    spliced_mse: float
-    increase: float
-
-
-def splice_metric(
-    model: HookedVectorTransformer,
-    dictionaries: Mapping[str, SparseDictionary] | Iterable[tuple[str, SparseDictionary]],
-    x: Float[torch.Tensor, "batch pos d_in"],
-    targets: Float[torch.Tensor, "batch pos d_out"],
-    loss_mask: Bool[torch.Tensor, "batch pos"] | Bool[torch.Tensor, " pos"] | None = None,
-) -> SpliceMetric:
-    """The task's MSE when ``dictionaries`` replace what they read (spliced without the
-    error term) against the original model's, on ``x`` and ``targets``.
-
-    Example:
-        >>> import torch, vecinterp as vi
-        >>> from vecinterp.dictionary import DictionaryConfig, SparseAutoencoder, splice_metric
-        >>> model = vi.HookedVectorTransformer(vi.VectorTransformerConfig(
-        ...     d_in=3, d_model=8, d_head=4, n_heads=2, n_layers=1, n_ctx=5), seed=0)
-        >>> sae = SparseAutoencoder(DictionaryConfig(d_in=8, d_sae=16))
-        >>> x, t = torch.randn(4, 5, 3), torch.randn(4, 5, 3)
-        >>> m = splice_metric(model, {"blocks.0.hook_resid_mid": sae}, x, t)
-        >>> abs(m.increase - (m.spliced_mse - m.original_mse)) < 1e-12
-        True
-    """
-    spliced = splice(model, dictionaries, error_term=False)
-    with torch.no_grad():
-        original = model(x, targets=targets, loss_mask=loss_mask, return_type="loss")
-        replaced = spliced(x, targets=targets, loss_mask=loss_mask, return_type="loss")
-    return SpliceMetric(float(original), float(replaced), float(replaced) - float(original))
