@@ -26,6 +26,10 @@ output; it pays for skipping the other thread's hooks at every hook point.
 Targets: DESIGN.md, on the CPU at the paper's widths: forward <= 1.05x, run_with_cache
 <= 1.15x; issue 14, on a GPU at batch 16: forward <= 1.2x, run_with_cache <= 1.5x.
 
+``--keep-freed-memory`` measures everything twice in one run: with glibc's malloc defaults,
+then after :func:`vecinterp.keep_freed_memory` (a full cache's pages are otherwise returned
+to the OS when it is dropped and faulted back by the next call: see :mod:`vecinterp.memory`).
+
 ``--threads 1 2`` measures each thread count in turn in the same run (one table row per
 batch and thread count), so that the ratios at one and two threads come from the same
 machine state; issue 34 asked for run_with_cache <= 1.15x at both.
@@ -188,6 +192,12 @@ def main() -> None:
         action="store_true",
         help="time with the process CPU clock (steadier on a busy machine; use with --threads 1)",
     )
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="after the table with glibc's malloc defaults, call vi.keep_freed_memory() and "
+        "measure again (the setting is one-way: the second table is the kept one)",
+    )
     args = parser.parse_args()
     if args.cpu_time:
         global CLOCK
@@ -211,6 +221,29 @@ def main() -> None:
         f"{'cache ms':>9} {'cache':>17}"
     )
     print(header + (f" {'other thread hooked':>19}" if args.other_thread else ""))
+    rounds_of = ["default malloc"] + (
+        ["kept (vi.keep_freed_memory())"] if args.keep_freed_memory else []
+    )
+    for label in rounds_of:
+        if label != rounds_of[0]:
+            applied = vi.keep_freed_memory()
+            print(f"-- vi.keep_freed_memory() {'applied' if applied else 'not glibc: unchanged'}")
+        r = _table(args, thread_counts, default_threads, device)
+    print(
+        "kernels (host syncs) per call: "
+        + ", ".join(
+            f"{name} {r[name + '_kernels']:.0f} ({r[name + '_syncs']:.0f})"
+            for name in ("plain", "forward", "run_with_cache")
+        )
+    )
+    print(
+        "targets: CPU, paper widths: forward <= 1.05x, run_with_cache <= 1.15x; "
+        "GPU, batch 16: forward <= 1.2x, run_with_cache <= 1.5x"
+    )
+
+
+def _table(args, thread_counts, default_threads, device):  # one row per threads x batch
+    r: dict[str, float] = {}
     try:
         for threads in thread_counts:
             torch.set_num_threads(threads)
@@ -227,17 +260,7 @@ def main() -> None:
                 print(line, flush=True)
     finally:
         torch.set_num_threads(default_threads)
-    print(
-        "kernels (host syncs) per call: "
-        + ", ".join(
-            f"{name} {r[name + '_kernels']:.0f} ({r[name + '_syncs']:.0f})"
-            for name in ("plain", "forward", "run_with_cache")
-        )
-    )
-    print(
-        "targets: CPU, paper widths: forward <= 1.05x, run_with_cache <= 1.15x; "
-        "GPU, batch 16: forward <= 1.2x, run_with_cache <= 1.5x"
-    )
+    return r
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ from .interop import (
     to_transformer_lens,
 )
 from .loss import masked_mse
+from .memory import keep_freed_memory
 from .model import CompiledHooksWarning, HookedVectorTransformer, VectorTransformerConfig
 from .model.io import load, save
 from .model.processing import (
@@ -105,6 +106,7 @@ __all__ = [
     "train",
     "train_ensemble",
     "choose_threads",
+    "keep_freed_memory",
     "use_threads",
     "FactoredMatrix",
     "HookHandle",
