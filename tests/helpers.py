@@ -76,3 +76,26 @@ def unchecked() -> Iterator[None]:
         yield
     finally:
         jaxtyping.config.update("jaxtyping_disable", before)
+
+
+def random_dictionary(dtype: str, log_threshold_range: tuple[float, float] = (-5.0, 1.0), **kw):
+    """A small dictionary (d_in 6, d_sae 10, reading ``blocks.0.hook_resid_pre``) with
+    every parameter drawn from N(0, 1) in float64 (seeded), JumpReLU's log thresholds
+    uniform in ``log_threshold_range`` and BatchTopK's threshold 0.125: weights away from
+    their start, so every part of a file or a computation is exercised."""
+    from vecinterp.dictionary import DictionaryConfig
+    from vecinterp.dictionary.modules import make_dictionary
+
+    cfg = DictionaryConfig(d_in=6, d_sae=10, dtype=dtype, hook_in="blocks.0.hook_resid_pre", **kw)
+    d = make_dictionary(cfg, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    low, high = log_threshold_range
+    with torch.no_grad():
+        for p in d.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        if d.log_threshold is not None:
+            u = torch.rand(10, generator=gen, dtype=torch.float64)
+            d.log_threshold.copy_(u * (high - low) + low)
+        if d.threshold is not None:
+            d.threshold.fill_(0.125)
+    return d

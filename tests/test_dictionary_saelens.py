@@ -11,14 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers import random_dictionary
 from vecinterp.dictionary import (
     SAELENS_VERSION,
-    DictionaryConfig,
     SparseDictionary,
     load_saelens,
     save_saelens,
 )
-from vecinterp.dictionary.modules import make_dictionary
 
 KINDS = [
     ("standard", dict(activation="relu")),
@@ -36,17 +35,7 @@ KINDS = [
 
 
 def _dictionary(dtype: str, **kw: object) -> SparseDictionary:
-    cfg = DictionaryConfig(d_in=6, d_sae=10, dtype=dtype, hook_in="blocks.0.hook_resid_pre", **kw)
-    d = make_dictionary(cfg, seed=3)
-    gen = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-        if d.log_threshold is not None:
-            d.log_threshold.copy_(torch.rand(10, generator=gen, dtype=torch.float64) * 6 - 5)
-        if d.threshold is not None:
-            d.threshold.fill_(0.125)
-    return d
+    return random_dictionary(dtype, (-5.0, 1.0), **kw)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vecinterp.dictionary import DictionaryConfig, load_saelens, save_saelens
-from vecinterp.dictionary.modules import make_dictionary
+from helpers import random_dictionary
+from vecinterp.dictionary import load_saelens, save_saelens
 
 sae_lens = pytest.importorskip(
     "sae_lens",
@@ -32,19 +32,7 @@ KINDS = [
 
 
 def _ours(**kw: object):
-    cfg = DictionaryConfig(
-        d_in=6, d_sae=10, dtype="float64", hook_in="blocks.0.hook_resid_pre", **kw
-    )
-    d = make_dictionary(cfg, seed=3)
-    gen = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-        if d.log_threshold is not None:
-            d.log_threshold.copy_(torch.rand(10, generator=gen, dtype=torch.float64) * 2 - 3)
-        if d.threshold is not None:
-            d.threshold.fill_(0.125)
-    return d
+    return random_dictionary("float64", (-3.0, -1.0), **kw)
 
 
 def _theirs_forward(sae, x: torch.Tensor) -> torch.Tensor:
