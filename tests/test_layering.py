@@ -8,7 +8,8 @@ own rank (those are independent of each other).
 rank  layer                        why there
 ====  ===========================  =========================================================
 0     hooks, factored_matrix,      import no other vecinterp module: hook points, the
-      loss, threads                low-rank matrix, the masked MSE, the CPU thread count
+      loss, threads, memory        low-rank matrix, the masked MSE, the CPU thread count,
+                                   glibc's malloc thresholds
 1     model                        config, components, the transformer (uses all of rank 0),
                                    weight processing, save/load
 2     cache                        ActivationCache: reads the model it is given
@@ -49,6 +50,7 @@ LAYERS: dict[str, int] = {
     "vecinterp.factored_matrix": 0,
     "vecinterp.loss": 0,
     "vecinterp.threads": 0,
+    "vecinterp.memory": 0,
     "vecinterp.model": 1,
     "vecinterp.cache": 2,
     "vecinterp.testing": 2,
@@ -66,6 +68,15 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {
     ("vecinterp.model.transformer", "vecinterp.cache.recording"): (
         "HookedVectorTransformer.run_with_cache returns the cache layer's ActivationCache: "
         "it imports the module that builds one when it is called"
+    ),
+    ("vecinterp.analysis._points", "vecinterp.dictionary.splice"): (
+        "the probes' random-model control of a spliced model splices the same dictionaries "
+        "into the random twin (the control must read the same feature points); only when "
+        "the model has spliced points"
+    ),
+    ("vecinterp.analysis.attribution", "vecinterp.dictionary.decompose"): (
+        "direct_attribution(components='features') splits a component through its "
+        "dictionary's decomposition, which the dictionary layer defines"
     ),
 }
 """Call-time imports that go up on purpose: (importer, imported) -> why."""
